@@ -1,0 +1,124 @@
+"""Datasets B1–B8 as generated-response assets, one per dataset, partitioned by shard.
+
+One asset per dataset (not a static × dynamic grid) because every dataset has its own number of
+shards; a backfill of "failed and missing" then re-runs exactly the shards left.
+"""
+
+from pathlib import Path
+
+import dagster as dg
+
+from eagle_assets import settings
+from eagle_assets.datasets.config import DatasetSpec
+from eagle_assets.datasets.prompts import load_prompts
+from eagle_assets.generation.partition_output import write_partition_parquet
+from eagle_assets.generation.runner import PartitionJob, PartitionReport
+from resources.openrouter.resource import OpenRouterResource
+
+GENERATION_GROUP = "generation"
+GENERATION_POOL = "openrouter"
+MAX_LOGGED_PROBLEMS = 20
+
+
+def generated_asset_key(dataset: str) -> dg.AssetKey:
+    return dg.AssetKey(["generated", dataset])
+
+
+def partition_paths(dataset: str, shard: str) -> tuple[str, str]:
+    journal = settings.journal_dir() / dataset / f"{shard}.journal"
+    parquet = settings.generated_dir() / dataset / f"{shard}.parquet"
+    return str(journal), str(parquet)
+
+
+def _md_table(header: tuple[str, str], rows: list[tuple[str, object]]) -> str:
+    lines = [f"| {header[0]} | {header[1]} |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows]
+    return "\n".join(lines)
+
+
+def report_metadata(report: PartitionReport, parquet: str | None) -> dict[str, dg.MetadataValue]:
+    meta: dict[str, dg.MetadataValue] = {
+        "prompts_total": dg.MetadataValue.int(report.total),
+        "prompts_done": dg.MetadataValue.int(report.done),
+        "new_this_run": dg.MetadataValue.int(report.ok),
+        "truncated_length": dg.MetadataValue.int(report.truncated),
+        "skipped_400_403": dg.MetadataValue.int(report.skipped),
+        "failed_retries_exhausted": dg.MetadataValue.int(report.failed),
+        "output_tokens_this_run": dg.MetadataValue.int(report.output_tokens),
+        "spent_usd_this_run": dg.MetadataValue.float(round(report.spent_usd, 6)),
+        "discarded_usd_disallowed_provider": dg.MetadataValue.float(round(report.discarded_usd, 6)),
+        "requests": dg.MetadataValue.int(report.requests),
+        "requests_per_s": dg.MetadataValue.float(round(report.requests / max(report.elapsed_s, 1e-9), 2)),
+        "peak_in_flight": dg.MetadataValue.int(report.peak_in_flight),
+        "stop_reason": dg.MetadataValue.text(report.stop_reason),
+        "errors": dg.MetadataValue.md(
+            _md_table(("error class", "count"), sorted(report.errors.items())) if report.errors else "none"
+        ),
+        "providers": dg.MetadataValue.md(
+            _md_table(("provider", "responses kept"), report.providers.most_common())
+            if report.providers
+            else "none this run"
+        ),
+    }
+    if parquet:
+        meta["path"] = dg.MetadataValue.path(parquet)
+    return meta
+
+
+def run_generation(
+    context: dg.AssetExecutionContext, spec: DatasetSpec, openrouter: OpenRouterResource
+) -> dg.MaterializeResult:
+    shard = context.partition_key
+    prompts, problems = load_prompts(spec.path)
+    for p in problems[:MAX_LOGGED_PROBLEMS]:
+        context.log.warning(f"skipping malformed prompt row {p}")
+    if len(problems) > MAX_LOGGED_PROBLEMS:
+        context.log.warning(
+            f"... and {len(problems) - MAX_LOGGED_PROBLEMS} more malformed rows in {spec.path}"
+        )
+    lo, hi = spec.shard_range(shard)
+    shard_prompts = [p for p in prompts if lo <= p.index < hi]
+    journal, parquet = partition_paths(spec.name, shard)
+    job = PartitionJob(spec.name, shard, shard_prompts, spec.output_token_budget, Path(journal))
+    report = openrouter.run_partition(job, context.log)
+    context.log.info(report.summary())
+    meta = report_metadata(report, None)
+    meta["malformed_rows_in_file"] = dg.MetadataValue.int(len(problems))
+    if report.stop_reason in ("budget", "credits"):
+        raise dg.Failure(
+            description=f"budget exhausted — {report.done} of {report.total} prompts done, resumable "
+            f"({report.stop_detail}). Top up or raise budget_usd, then re-materialize this partition.",
+            metadata=meta,
+            allow_retries=False,
+        )
+    if report.stop_reason == "fatal":
+        raise dg.Failure(
+            description=f"generation stopped: {report.stop_detail}", metadata=meta, allow_retries=False
+        )
+    if report.stop_reason == "failures":
+        raise dg.Failure(
+            description=f"{report.stop_detail} ({report.done} of {report.total} done)",
+            metadata=meta,
+            allow_retries=False,
+        )
+    rows = write_partition_parquet(Path(journal), Path(parquet))
+    meta = report_metadata(report, parquet)
+    meta["rows"] = dg.MetadataValue.int(rows)
+    meta["malformed_rows_in_file"] = dg.MetadataValue.int(len(problems))
+    return dg.MaterializeResult(metadata=meta)
+
+
+def build_generated_asset(spec: DatasetSpec) -> dg.AssetsDefinition:
+    @dg.asset(
+        key=generated_asset_key(spec.name),
+        group_name=GENERATION_GROUP,
+        partitions_def=dg.StaticPartitionsDefinition(spec.shard_keys()),
+        pool=GENERATION_POOL,
+        kinds={"openrouter", "parquet"},
+        tags={"eagle-forge/stage": "generation", "eagle-forge/dataset": spec.name},
+        description=f"{spec.name}: target-model responses for {spec.path.name}"
+        f"{' (' + spec.description + ')' if spec.description else ''}, {spec.shard_size} prompts/shard.",
+    )
+    def _generated(context: dg.AssetExecutionContext, openrouter: OpenRouterResource) -> dg.MaterializeResult:
+        return run_generation(context, spec, openrouter)
+
+    return _generated

@@ -1,0 +1,19 @@
+"""The one Definitions object: every asset, resource and sensor of the pipeline.
+
+The embedded default needs no key and no GPU: the OpenRouter resource points at the bundled
+simulator on loopback (started on demand). Set ``EAGLE_FORGE_TARGET=openrouter`` to spend real
+money through the real API, with the key in ``/tmp/or-key.txt`` or ``$OPENROUTER_API_KEY``.
+"""
+
+import dagster as dg
+
+from eagle_assets.assets.generation import build_generated_asset
+from eagle_assets.datasets.config import load_datasets
+from resources.openrouter.configured import openrouter_from_env
+
+DATASETS = load_datasets()
+
+defs = dg.Definitions(
+    assets=[build_generated_asset(spec) for spec in DATASETS.values()],
+    resources={"openrouter": openrouter_from_env()},
+)

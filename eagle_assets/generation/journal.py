@@ -1,0 +1,149 @@
+"""Durable, append-only journal of finished prompts, one file per partition.
+
+A response only "counts" once its journal line is fsync'd: the ledger is settled and progress is
+reported after the commit, never before. Each line carries a CRC so that a record torn by a crash
+mid-write is detected and dropped (and its prompt re-done) instead of being read as data. A file
+lock makes the journal single-writer, so two runs of the same partition cannot both append.
+"""
+
+import fcntl
+import logging
+import os
+import zlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+log = logging.getLogger(__name__)
+
+
+class JournalError(RuntimeError):
+    """The journal cannot be used safely (corruption before the tail, or a second writer)."""
+
+
+class JournalLockedError(JournalError):
+    """Another process is already writing this partition."""
+
+
+def encode_line(record: dict[str, Any]) -> bytes:
+    payload = orjson.dumps(record)
+    return b"%08x " % zlib.crc32(payload) + payload + b"\n"
+
+
+def decode_line(line: bytes) -> dict[str, Any] | None:
+    """Return the record, or None when the line is torn or fails its checksum."""
+    if not line.endswith(b"\n") or len(line) < 10 or line[8:9] != b" ":
+        return None
+    payload = line[9:-1]
+    try:
+        if int(line[:8], 16) != zlib.crc32(payload):
+            return None
+        record = orjson.loads(payload)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+@dataclass
+class JournalScan:
+    records: list[dict[str, Any]]
+    good_bytes: int
+    dropped_bytes: int
+
+
+def scan(path: Path) -> JournalScan:
+    """Read every intact record; a damaged tail is reported, damage before the tail is fatal."""
+    if not path.exists():
+        return JournalScan([], 0, 0)
+    data = path.read_bytes()
+    records: list[dict[str, Any]] = []
+    offset = 0
+    for lineno, line in enumerate(data.splitlines(keepends=True), start=1):
+        record = decode_line(line)
+        if record is None:
+            rest = data[offset + len(line) :]
+            if any(decode_line(x) is not None for x in rest.splitlines(keepends=True)):
+                raise JournalError(f"{path}: corrupt record at line {lineno} followed by valid records")
+            return JournalScan(records, offset, len(data) - offset)
+        records.append(record)
+        offset += len(line)
+    return JournalScan(records, offset, 0)
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """Intact records, first occurrence per prompt id (a crash can never make a duplicate count)."""
+    seen: set[str] = set()
+    out = []
+    for record in scan(path).records:
+        pid = record.get("prompt_id")
+        if pid in seen:
+            continue
+        seen.add(pid)
+        out.append(record)
+    return out
+
+
+class Journal:
+    """Exclusive writer for one partition's journal file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            os.close(self._fd)
+            raise JournalLockedError(f"{path} is locked by another run of this partition") from exc
+        result = scan(path)
+        if result.dropped_bytes:
+            log.warning(
+                "journal %s: dropped a torn tail of %d bytes; its prompt will be redone",
+                path,
+                result.dropped_bytes,
+            )
+            os.ftruncate(self._fd, result.good_bytes)
+            os.fsync(self._fd)
+        self.dropped_bytes = result.dropped_bytes
+        self.records: dict[str, dict[str, Any]] = {}
+        for record in result.records:
+            self.records.setdefault(record["prompt_id"], record)
+
+    def __contains__(self, prompt_id: str) -> bool:
+        return prompt_id in self.records
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return iter(self.records.values())
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def append_many(self, records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Write and fsync a batch (group commit); returns the records that were new."""
+        fresh = [r for r in records if r["prompt_id"] not in self.records]
+        if not fresh:
+            return []
+        buf = b"".join(encode_line(r) for r in fresh)
+        view = memoryview(buf)
+        while view:
+            written = os.write(self._fd, view)
+            view = view[written:]
+        os.fsync(self._fd)
+        for r in fresh:
+            self.records[r["prompt_id"]] = r
+        return fresh
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> "Journal":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

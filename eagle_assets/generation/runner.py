@@ -1,0 +1,464 @@
+"""Generate one partition: admit prompts under the budget, retry what is transient, journal the rest.
+
+The loop's promises, in order of importance:
+1. never spend past the dollar budget (every request is reserved at worst case before it is sent);
+2. never lose or duplicate a finished response (journal fsync before anything counts);
+3. keep up to ``max_in_flight`` requests busy, adapting down on 429s;
+4. stop cleanly (in-flight requests finish, everything is persisted) when money runs out.
+"""
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from eagle_assets.datasets.prompts import Prompt
+from eagle_assets.generation.concurrency import AdaptiveLimiter
+from eagle_assets.generation.journal import Journal
+from eagle_assets.generation.ledger import BudgetLedger, Denial, Reservation, Settlement
+from eagle_assets.generation.records import skipped_record, success_record
+from eagle_assets.generation.retry_policy import RetryPolicy
+from resources.openrouter.outcomes import Action, RawResponse, classify
+from resources.openrouter.providers import ProviderTable
+
+log = logging.getLogger(__name__)
+
+
+class ChatClient(Protocol):
+    async def chat_completion(self, payload: dict[str, Any]) -> RawResponse: ...
+    async def key_info(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    model: str
+    max_tokens: int
+    budget_usd: float
+    sampling: dict[str, Any] = field(default_factory=dict)
+    max_in_flight: int = 2000
+    min_in_flight: int = 4
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    reservation_margin: float = 1.10  # over-estimate prompt tokens: the provider's count may differ
+    key_poll_interval_s: float = 15.0
+    progress_interval_s: float = 5.0
+    commit_interval_s: float = 0.05
+    reserve_chunk: int = 64
+
+    def __post_init__(self) -> None:
+        if self.budget_usd < 0:
+            raise ValueError(f"budget_usd must be >= 0, got {self.budget_usd}")
+        if self.max_tokens < 1:
+            raise ValueError("max_tokens must be positive")
+        if self.max_in_flight < 1:
+            raise ValueError("max_in_flight must be positive")
+
+
+@dataclass
+class PartitionJob:
+    dataset: str
+    shard: str
+    prompts: list[Prompt]
+    token_budget: int
+    journal_path: Path
+
+    @property
+    def key(self) -> str:
+        return f"{self.dataset}/{self.shard}"
+
+
+@dataclass
+class PartitionReport:
+    partition: str
+    total: int
+    already_done: int = 0
+    ok: int = 0
+    truncated: int = 0
+    skipped: int = 0
+    failed: int = 0  # retries exhausted this run
+    not_started: int = 0
+    stop_reason: str = "completed"  # completed | budget | credits | tokens | fatal | failures
+    stop_detail: str = ""
+    spent_usd: float = 0.0  # this run, all kinds
+    discarded_usd: float = 0.0
+    output_tokens: int = 0
+    requests: int = 0
+    elapsed_s: float = 0.0
+    errors: Counter[str] = field(default_factory=Counter)
+    providers: Counter[str] = field(default_factory=Counter)
+    refunded_orphans_usd: float = 0.0
+    dropped_torn_bytes: int = 0
+    peak_in_flight: int = 0
+
+    @property
+    def done(self) -> int:
+        return self.already_done + self.ok + self.skipped
+
+    @property
+    def complete(self) -> bool:
+        return self.done >= self.total
+
+    def summary(self) -> str:
+        return (
+            f"{self.partition}: {self.done} of {self.total} prompts done ({self.ok} new, {self.truncated} "
+            f"truncated, {self.skipped} skipped, {self.failed} failed), ${self.spent_usd:.4f} spent, "
+            f"{self.output_tokens:,} output tokens, {self.requests} requests in {self.elapsed_s:.1f}s; "
+            f"stop: {self.stop_reason}{' — ' + self.stop_detail if self.stop_detail else ''}"
+        )
+
+
+PromptTokenEstimator = Callable[[Prompt], int]
+
+
+class PartitionRunner:
+    def __init__(
+        self,
+        job: PartitionJob,
+        client: ChatClient,
+        ledger: BudgetLedger,
+        providers: ProviderTable,
+        settings: GenerationSettings,
+        estimate_prompt_tokens: PromptTokenEstimator,
+        emit: Callable[[str], None] | None = None,
+    ) -> None:
+        self.job, self.client, self.ledger, self.providers = job, client, ledger, providers
+        self.s = settings
+        self.estimate = estimate_prompt_tokens
+        self.emit = emit or log.info
+        self.report = PartitionReport(job.key, total=len(job.prompts))
+        self.limiter = AdaptiveLimiter(
+            settings.max_in_flight, min(settings.min_in_flight, settings.max_in_flight)
+        )
+        self._active = asyncio.Semaphore(settings.max_in_flight)
+        self._commit_q: asyncio.Queue[tuple[dict[str, Any], Reservation | None]] = asyncio.Queue()
+        self._stop_admitting = asyncio.Event()
+        self._abort = asyncio.Event()  # credits gone or fatal: abandon retries too
+        self._account_remaining: float | None = None
+        self._spent_at_poll = 0.0
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # --- cost model ---------------------------------------------------------------------------
+    def worst_case_usd(self, prompt: Prompt) -> float:
+        prompt_tokens = self.estimate(prompt) * self.s.reservation_margin + 16
+        return (
+            prompt_tokens * self.providers.max_prompt_price
+            + self.s.max_tokens * self.providers.max_completion_price
+        )
+
+    def payload(self, prompt: Prompt) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": self.s.model,
+            "messages": prompt.messages,
+            "max_tokens": self.s.max_tokens,
+            "provider": self.providers.policy.routing(),
+            **self.s.sampling,
+        }
+        if prompt.tools:
+            body["tools"] = prompt.tools
+        return body
+
+    # --- main loop ----------------------------------------------------------------------------
+    async def run(self) -> PartitionReport:
+        start = time.monotonic()
+        with Journal(self.job.journal_path) as journal:
+            self.report.dropped_torn_bytes = journal.dropped_bytes
+            actual = {
+                r["reservation_id"]: (float(r.get("cost") or 0.0), int(r.get("completion_tokens") or 0))
+                for r in journal
+                if r.get("reservation_id")
+            }
+            self.report.refunded_orphans_usd = self.ledger.correct_orphans(self.job.key, actual)
+            pending = [p for p in self.job.prompts if p.prompt_id not in journal]
+            self.report.already_done = self.report.total - len(pending)
+            self._spent_at_poll = self.ledger.totals().usd_spent
+            await self._poll_key(initial=True)
+            committer = asyncio.create_task(self._committer(journal))
+            reporter = asyncio.create_task(self._progress_loop(start))
+            poller = asyncio.create_task(self._key_loop())
+            try:
+                await self._dispatch(pending)
+                if self._tasks:
+                    await asyncio.gather(*self._tasks)
+                await self._commit_q.join()
+            finally:
+                for t in (reporter, poller):
+                    t.cancel()
+                for t in self._tasks:
+                    t.cancel()
+                await asyncio.gather(reporter, poller, *self._tasks, return_exceptions=True)
+                await self._commit_q.join()
+                committer.cancel()
+                await asyncio.gather(committer, return_exceptions=True)
+        self.report.elapsed_s = time.monotonic() - start
+        r = self.report
+        r.not_started = r.total - r.done - r.failed
+        if r.stop_reason == "completed" and r.failed:
+            r.stop_reason = "failures"
+            r.stop_detail = (
+                f"{r.failed} prompts exhausted {self.s.retry.max_attempts} attempts; rerun to retry them"
+            )
+        self.emit(self._progress_line(time.monotonic() - start, final=True))
+        return r
+
+    async def _dispatch(self, pending: list[Prompt]) -> None:
+        queue = list(reversed(pending))
+        while queue and not self._stop_admitting.is_set():
+            chunk: list[Prompt] = []
+            while queue and len(chunk) < self.s.reserve_chunk:
+                chunk.append(queue.pop())
+            granted, denial = self._reserve(chunk)
+            for p in reversed(chunk[len(granted) :]):
+                queue.append(p)
+            if not granted:
+                if self._tasks:
+                    # Headroom is held by requests still running: wait for one to finish and settle.
+                    await asyncio.wait(set(self._tasks), return_when=asyncio.FIRST_COMPLETED)
+                    await self._commit_q.join()
+                    continue
+                await self._commit_q.join()
+                granted, denial = self._reserve(chunk[:1])
+                if not granted:
+                    assert denial is not None
+                    self._stop_for(denial)
+                    break
+                queue.pop()
+                chunk = chunk[:1]
+            for prompt, res in zip(chunk, granted, strict=False):
+                await self._active.acquire()
+                if self._abort.is_set():
+                    self._active.release()
+                    self.ledger.release(res)
+                    continue
+                t = asyncio.create_task(self._work(prompt, res))
+                self._tasks.add(t)
+                t.add_done_callback(self._tasks.discard)
+
+    def _reserve(self, prompts: list[Prompt]) -> tuple[list[Reservation], Denial | None]:
+        """Reserve, in order, as many prompts as the budgets and the key's remaining credit allow."""
+        costs = [self.worst_case_usd(p) for p in prompts]
+        if self._account_remaining is not None:
+            totals = self.ledger.totals()
+            left = self._account_remaining - (totals.usd_spent - self._spent_at_poll)
+            headroom = left - totals.usd_reserved
+            fit = 0
+            for c in costs:
+                if c > headroom:
+                    break
+                headroom -= c
+                fit += 1
+            if fit == 0:
+                return [], Denial(
+                    "credits",
+                    f"the key has ${left:.4f} left, less than one request's worst case"
+                    f" (${costs[0]:.4f}) beyond what is reserved",
+                )
+            prompts, costs = prompts[:fit], costs[:fit]
+        return self.ledger.reserve_many(
+            [
+                (self.job.dataset, self.job.key, p.prompt_id, c, self.s.max_tokens)
+                for p, c in zip(prompts, costs, strict=True)
+            ],
+            budget_usd=self.s.budget_usd,
+            token_budget=self.job.token_budget,
+        )
+
+    def _stop_for(self, denial: Denial) -> None:
+        if denial.reason == "credits":
+            self._stop("credits", denial.detail)
+        elif denial.reason == "usd":
+            self._stop("budget", f"dollar budget reached: {denial.detail}")
+        elif denial.reason == "tokens":
+            self._stop("tokens", f"dataset output-token budget reached: {denial.detail}")
+        else:
+            self._stop("budget", denial.detail)
+
+    def _stop(self, reason: str, detail: str, abort: bool = False) -> None:
+        if self.report.stop_reason in ("completed", "failures") or reason == "fatal":
+            self.report.stop_reason, self.report.stop_detail = reason, detail
+            self.emit(f"{self.job.key}: stopping admission — {detail}")
+        self._stop_admitting.set()
+        if abort:
+            self._abort.set()
+
+    # --- one prompt ---------------------------------------------------------------------------
+    async def _work(self, prompt: Prompt, res: Reservation) -> None:
+        try:
+            await self._attempts(prompt, res)
+        finally:
+            self._active.release()
+
+    async def _attempts(self, prompt: Prompt, res: Reservation) -> None:
+        attempts = 0
+        payload = self.payload(prompt)
+        while True:
+            if self._abort.is_set():
+                self.ledger.release(res)
+                return
+            await self.limiter.acquire()
+            self.report.peak_in_flight = max(self.report.peak_in_flight, self.limiter.in_flight)
+            try:
+                raw = await self.client.chat_completion(payload)
+            finally:
+                self.limiter.release()
+            attempts += 1
+            self.report.requests += 1
+            out = classify(raw)
+            if out.action is Action.SUCCESS:
+                assert out.data is not None
+                provider = out.data.get("provider")
+                cost = out.cost_usd or self._priced(out.data)
+                if not self.providers.is_allowed_name(provider):
+                    self.report.errors["disallowed_provider"] += 1
+                    self.report.discarded_usd += cost
+                    self.report.spent_usd += cost
+                    log.warning(
+                        "%s: discarded a response from disallowed provider %r ($%.6f)",
+                        self.job.key,
+                        provider,
+                        cost,
+                    )
+                    self.ledger.settle_many([Settlement(res, cost, 0, "discarded")])
+                    if not self.s.retry.should_retry(attempts):
+                        self.report.failed += 1
+                        return
+                    again, _ = self._reserve([prompt])
+                    if not again:
+                        return  # no headroom left for a retry: the prompt stays pending
+                    res = again[0]
+                    continue
+                self.limiter.on_success()
+                record = success_record(
+                    prompt,
+                    out.data,
+                    attempts=attempts,
+                    latency_s=raw.latency_s,
+                    reservation_id=res.id,
+                    cost=cost,
+                )
+                await self._commit_q.put((record, res))
+                return
+            self.report.errors[out.error_class] += 1
+            if out.cost_usd > 0:
+                self.ledger.record_spend(
+                    self.job.dataset, self.job.key, prompt.prompt_id, out.cost_usd, "error"
+                )
+                self.report.spent_usd += out.cost_usd
+            if out.action is Action.RETRY:
+                if out.error_class in ("rate_limited", "in_flight_budget", "no_provider"):
+                    self.limiter.on_congestion()
+                if not self.s.retry.should_retry(attempts):
+                    self.report.failed += 1
+                    self.ledger.release(res)
+                    log.warning(
+                        "%s: prompt %s failed after %d attempts (last: %s)",
+                        self.job.key,
+                        prompt.prompt_id,
+                        attempts,
+                        out.error_class,
+                    )
+                    return
+                await self._sleep(self.s.retry.delay(attempts, out.retry_after_s))
+                continue
+            if out.action is Action.SKIP:
+                await self._commit_q.put(
+                    (skipped_record(prompt, out.error_class, out.message, attempts), res)
+                )
+                return
+            self.ledger.release(res)
+            if out.action is Action.STOP_CREDITS:
+                self._stop(
+                    "credits", f"credits exhausted (402: {out.message or 'insufficient credits'})", abort=True
+                )
+            else:
+                self._stop("fatal", out.message or out.error_class, abort=True)
+            return
+
+    async def _sleep(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._abort.wait(), timeout=seconds)
+
+    def _priced(self, body: dict[str, Any]) -> float:
+        usage = body.get("usage") or {}
+        p, c = self.providers.price_of(body.get("provider"))
+        return int(usage.get("prompt_tokens") or 0) * p + int(usage.get("completion_tokens") or 0) * c
+
+    # --- durability ---------------------------------------------------------------------------
+    async def _committer(self, journal: Journal) -> None:
+        while True:
+            first = await self._commit_q.get()
+            batch = [first]
+            await asyncio.sleep(self.s.commit_interval_s)
+            while not self._commit_q.empty():
+                batch.append(self._commit_q.get_nowait())
+            try:
+                await asyncio.to_thread(self._commit, journal, batch)
+            finally:
+                for _ in batch:
+                    self._commit_q.task_done()
+
+    def _commit(self, journal: Journal, batch: list[tuple[dict[str, Any], Reservation | None]]) -> None:
+        fresh = {r["prompt_id"] for r in journal.append_many([r for r, _ in batch])}
+        settlements = []
+        for record, res in batch:
+            ok = record["status"] == "ok"
+            cost = float(record.get("cost") or 0.0) if ok else 0.0
+            tokens = int(record.get("completion_tokens") or 0) if ok else 0
+            if res is not None:
+                settlements.append(Settlement(res, cost, tokens, "settled" if ok else "released"))
+            if record["prompt_id"] not in fresh:
+                continue
+            if ok:
+                self.report.ok += 1
+                self.report.truncated += bool(record.get("truncated"))
+                self.report.output_tokens += tokens
+                self.report.spent_usd += cost
+                self.report.providers[str(record.get("provider"))] += 1
+            else:
+                self.report.skipped += 1
+        self.ledger.settle_many(settlements)
+
+    # --- account and progress -----------------------------------------------------------------
+    async def _poll_key(self, initial: bool = False) -> None:
+        try:
+            info = await self.client.key_info()
+        except Exception as exc:  # a failed poll must not stop generation; the ledger still holds
+            log.warning("%s: /key poll failed: %s", self.job.key, type(exc).__name__)
+            return
+        remaining = info.get("limit_remaining")
+        if remaining is None:
+            self._account_remaining = None
+            return
+        self._account_remaining = float(remaining)
+        self._spent_at_poll = self.ledger.totals().usd_spent
+        if initial and self._account_remaining <= 0:
+            self._stop(
+                "credits",
+                f"the key has no credit left (limit_remaining ${self._account_remaining:.2f})",
+                abort=True,
+            )
+
+    async def _key_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.s.key_poll_interval_s)
+            await self._poll_key()
+
+    def _progress_line(self, elapsed: float, final: bool = False) -> str:
+        r = self.report
+        t = self.ledger.totals()
+        errs = " ".join(f"{k}={v}" for k, v in sorted(r.errors.items())) or "none"
+        rate = r.requests / elapsed if elapsed > 0 else 0.0
+        return (
+            f"{'done ' if final else ''}{r.partition}: {r.done}/{r.total} prompts | out {r.output_tokens:,} tok"
+            f" | ${r.spent_usd:.4f} this run, ${t.usd_spent:.4f} spent + ${t.usd_reserved:.4f} reserved of"
+            f" ${self.s.budget_usd:.2f} | {rate:.1f} req/s | in flight {self.limiter.in_flight}/"
+            f"{self.limiter.current} | errors: {errs}"
+        )
+
+    async def _progress_loop(self, start: float) -> None:
+        while True:
+            await asyncio.sleep(self.s.progress_interval_s)
+            self.emit(self._progress_line(time.monotonic() - start))

@@ -1,0 +1,31 @@
+"""Where eagle-forge keeps its state: one home folder, overridable with ``EAGLE_FORGE_HOME``."""
+
+import os
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def forge_home() -> Path:
+    return Path(os.environ.get("EAGLE_FORGE_HOME") or REPO_ROOT / ".eagle_forge").expanduser().resolve()
+
+
+def samples_dir() -> Path:
+    return forge_home() / "samples"
+
+
+def journal_dir() -> Path:
+    return forge_home() / "journal"
+
+
+def generated_dir() -> Path:
+    return forge_home() / "generated"
+
+
+def ledger_path() -> Path:
+    return forge_home() / "state" / "ledger.sqlite"
+
+
+def tokenizer_dir() -> Path:
+    default = REPO_ROOT.parent / "shared" / "tokenizers" / "kimi-k2.5"
+    return Path(os.environ.get("EAGLE_FORGE_TOKENIZER") or default).expanduser().resolve()

@@ -1,0 +1,38 @@
+"""Pick the OpenRouter resource's configuration from the environment.
+
+``EAGLE_FORGE_TARGET`` selects where requests go: ``simulator`` (the default: the bundled simulator
+on 127.0.0.1, no key needed) or ``openrouter`` (the real API; needs a key). Nothing here reads the
+key: secrets are resolved when a run starts, never at import.
+"""
+
+import os
+
+from resources.openrouter.resource import OpenRouterResource
+
+DEFAULT_SIMULATOR_PORT = 18765
+
+
+class TargetConfigError(ValueError):
+    """EAGLE_FORGE_TARGET names no known target."""
+
+
+def simulator_base_url() -> str:
+    port = int(os.environ.get("EAGLE_FORGE_SIM_PORT", DEFAULT_SIMULATOR_PORT))
+    return f"http://127.0.0.1:{port}/api/v1"
+
+
+def openrouter_from_env() -> OpenRouterResource:
+    target = os.environ.get("EAGLE_FORGE_TARGET", "simulator").strip().lower()
+    budget = float(os.environ.get("EAGLE_FORGE_BUDGET_USD", "100"))
+    if target == "simulator":
+        return OpenRouterResource(
+            base_url=simulator_base_url(),
+            start_embedded_simulator=True,
+            budget_usd=budget,
+            max_tokens=int(os.environ.get("EAGLE_FORGE_MAX_TOKENS", "1024")),
+            progress_interval_s=2.0,
+            key_poll_interval_s=2.0,
+        )
+    if target == "openrouter":
+        return OpenRouterResource(budget_usd=budget)
+    raise TargetConfigError(f"EAGLE_FORGE_TARGET must be 'simulator' or 'openrouter', got {target!r}")

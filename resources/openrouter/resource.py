@@ -1,0 +1,164 @@
+"""The OpenRouter resource: configuration, the key, the provider policy and the run of one partition.
+
+It is deliberately thin: everything that decides (classification, backoff, budget, journal) is
+plain Python under ``eagle_assets.generation`` and ``resources.openrouter``. State that must be
+shared across step processes (dollars spent, in-flight reservations) lives in the ledger file,
+never in this object.
+"""
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from dagster import ConfigurableResource
+from pydantic import Field
+
+from eagle_assets import settings as forge_settings
+from eagle_assets.generation.estimate import tokenizer_estimator
+from eagle_assets.generation.ledger import BudgetLedger
+from eagle_assets.generation.retry_policy import RetryPolicy
+from eagle_assets.generation.runner import GenerationSettings, PartitionJob, PartitionReport, PartitionRunner
+from eagle_assets.tokenization.kimi_tokenizer import load_kimi_tokenizer
+from resources.openrouter.client import OpenRouterClient
+from resources.openrouter.providers import (
+    DEFAULT_IGNORED,
+    DEFAULT_QUANTIZATIONS,
+    ProviderPolicy,
+    ProviderTable,
+    parse_endpoints,
+)
+from resources.openrouter.secret import ApiKey, load_api_key
+
+LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
+SIMULATOR_KEY = "sk-or-simulator"
+
+
+def is_loopback(url: str) -> bool:
+    host = urlparse(url).hostname or ""
+    return host in LOOPBACK_HOSTS or host.startswith("127.")
+
+
+class OpenRouterResource(ConfigurableResource):
+    """Talks to OpenRouter (or any OpenAI-compatible server) under a provider policy and a budget."""
+
+    base_url: str = Field(
+        "https://openrouter.ai/api/v1", description="API root, e.g. a local simulator or SGLang"
+    )
+    model: str = Field("moonshotai/kimi-k2.5", description="Model slug to request")
+    api_key_file: str = Field("/tmp/or-key.txt", description="File holding the API key (preferred)")
+    api_key_env: str = Field("OPENROUTER_API_KEY", description="Environment variable with the key")
+    allow_missing_key_on_loopback: bool = Field(
+        True, description="A loopback simulator needs no real key: use a placeholder when none is configured"
+    )
+    max_tokens: int = Field(16384, description="max_tokens per request (also the reservation's worst case)")
+    temperature: float | None = 1.0
+    top_p: float | None = 0.95
+    extra_body: dict[str, Any] = Field(
+        default_factory=dict, description="Extra request fields (e.g. reasoning)"
+    )
+    quantizations: list[str] = Field(default_factory=lambda: list(DEFAULT_QUANTIZATIONS))
+    ignore_providers: list[str] = Field(default_factory=lambda: list(DEFAULT_IGNORED))
+    sort: str | None = "price"
+    max_in_flight: int = Field(2000, description="Upper bound of concurrent requests (AIMD adapts below it)")
+    min_in_flight: int = 4
+    budget_usd: float = Field(100.0, description="Hard dollar budget across all runs (persisted ledger)")
+    ledger_path: str = Field(
+        "", description="Ledger SQLite file; default $EAGLE_FORGE_HOME/state/ledger.sqlite"
+    )
+    tokenizer_path: str = Field("", description="Kimi tokenizer dir for prompt-cost estimates")
+    request_timeout_s: float = 600.0
+    max_attempts: int = 10
+    retry_base_delay_s: float = 0.5
+    retry_max_delay_s: float = 60.0
+    progress_interval_s: float = 5.0
+    key_poll_interval_s: float = 15.0
+    start_embedded_simulator: bool = Field(
+        False, description="Start the bundled simulator at base_url (loopback only) if nothing answers there"
+    )
+
+    # --- pieces ------------------------------------------------------------------------------
+    def api_key(self) -> ApiKey:
+        try:
+            return load_api_key(self.api_key_file, self.api_key_env)
+        except Exception:
+            if self.allow_missing_key_on_loopback and is_loopback(self.base_url):
+                return ApiKey(SIMULATOR_KEY)
+            raise
+
+    def policy(self) -> ProviderPolicy:
+        return ProviderPolicy(tuple(self.quantizations), tuple(self.ignore_providers), self.sort)
+
+    def generation_settings(self) -> GenerationSettings:
+        sampling: dict[str, Any] = {
+            k: v for k, v in (("temperature", self.temperature), ("top_p", self.top_p)) if v is not None
+        }
+        sampling.update(self.extra_body)
+        return GenerationSettings(
+            model=self.model,
+            max_tokens=self.max_tokens,
+            budget_usd=self.budget_usd,
+            sampling=sampling,
+            max_in_flight=self.max_in_flight,
+            min_in_flight=self.min_in_flight,
+            retry=RetryPolicy(self.max_attempts, self.retry_base_delay_s, self.retry_max_delay_s),
+            key_poll_interval_s=self.key_poll_interval_s,
+            progress_interval_s=self.progress_interval_s,
+        )
+
+    def ledger_file(self) -> Path:
+        return Path(self.ledger_path) if self.ledger_path else forge_settings.ledger_path()
+
+    def client(self) -> OpenRouterClient:
+        return OpenRouterClient(
+            self.base_url,
+            self.api_key(),
+            max_connections=self.max_in_flight,
+            request_timeout_s=self.request_timeout_s,
+        )
+
+    async def provider_table(self, client: OpenRouterClient, log: logging.Logger | Any) -> ProviderTable:
+        table = ProviderTable(parse_endpoints(await client.endpoints(self.model)), self.policy())
+        log.info(f"endpoints of {self.model}:\n{table.render()}")
+        table.require_allowed()
+        return table
+
+    def preflight(self) -> None:
+        """Fail on configuration errors before anything can be spent."""
+        self.generation_settings()
+        self.api_key()
+
+    # --- one partition -----------------------------------------------------------------------
+    def run_partition(self, job: PartitionJob, log: logging.Logger | Any) -> PartitionReport:
+        self.preflight()
+        self.ensure_server()
+        return asyncio.run(self._run(job, log))
+
+    def ensure_server(self) -> None:
+        if not self.start_embedded_simulator:
+            return
+        if not is_loopback(self.base_url):
+            raise ValueError(f"start_embedded_simulator needs a loopback base_url, got {self.base_url}")
+        from resources.simulator.embedded import ensure_embedded_simulator
+
+        ensure_embedded_simulator(self.base_url)
+
+    async def _run(self, job: PartitionJob, log: logging.Logger | Any) -> PartitionReport:
+        tokenizer = load_kimi_tokenizer(self.tokenizer_path or forge_settings.tokenizer_dir())
+        ledger = BudgetLedger(self.ledger_file())
+        try:
+            async with self.client() as client:
+                table = await self.provider_table(client, log)
+                runner = PartitionRunner(
+                    job,
+                    client,
+                    ledger,
+                    table,
+                    self.generation_settings(),
+                    tokenizer_estimator(tokenizer),
+                    emit=log.info,
+                )
+                return await runner.run()
+        finally:
+            ledger.close()
