@@ -10,10 +10,13 @@ import dagster as dg
 from eagle_assets.assets.generation import build_generated_asset
 from eagle_assets.datasets.config import load_datasets
 from resources.openrouter.configured import openrouter_from_env
+from sensors.credits_sensor import build_credits_sensor
 
 DATASETS = load_datasets()
+GENERATED = [build_generated_asset(spec) for spec in DATASETS.values()]
 
 defs = dg.Definitions(
-    assets=[build_generated_asset(spec) for spec in DATASETS.values()],
+    assets=GENERATED,
     resources={"openrouter": openrouter_from_env()},
+    sensors=[build_credits_sensor(GENERATED)],
 )

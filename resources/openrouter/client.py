@@ -74,9 +74,7 @@ class OpenRouterClient:
     async def chat_completion(self, payload: dict[str, Any]) -> RawResponse:
         start = time.monotonic()
         try:
-            async with self.session.post(
-                f"{self.base_url}/chat/completions", data=orjson.dumps(payload)
-            ) as resp:
+            async with self.session.post(f"{self.base_url}/chat/completions", data=orjson.dumps(payload)) as resp:
                 body = await resp.read()
                 headers = {k: resp.headers[k] for k in _KEPT_HEADERS if k in resp.headers}
                 return RawResponse(resp.status, body, headers, None, time.monotonic() - start)

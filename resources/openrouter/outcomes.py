@@ -146,9 +146,7 @@ def classify(raw: RawResponse) -> Outcome:
     choice = choices[0]
     if choice.get("finish_reason") == "error":
         err = choice.get("error") if isinstance(choice.get("error"), dict) else {}
-        return Outcome(
-            Action.RETRY, "finish_error", str(err.get("message", ""))[:300], cost_usd=_usage_cost(body)
-        )
+        return Outcome(Action.RETRY, "finish_error", str(err.get("message", ""))[:300], cost_usd=_usage_cost(body))
     if not isinstance(choice.get("message"), dict):
         return Outcome(Action.RETRY, "malformed", "choice without message")
     return Outcome(Action.SUCCESS, "ok", data=body, cost_usd=_usage_cost(body))

@@ -43,9 +43,7 @@ def is_loopback(url: str) -> bool:
 class OpenRouterResource(ConfigurableResource):
     """Talks to OpenRouter (or any OpenAI-compatible server) under a provider policy and a budget."""
 
-    base_url: str = Field(
-        "https://openrouter.ai/api/v1", description="API root, e.g. a local simulator or SGLang"
-    )
+    base_url: str = Field("https://openrouter.ai/api/v1", description="API root, e.g. a local simulator or SGLang")
     model: str = Field("moonshotai/kimi-k2.5", description="Model slug to request")
     api_key_file: str = Field("/tmp/or-key.txt", description="File holding the API key (preferred)")
     api_key_env: str = Field("OPENROUTER_API_KEY", description="Environment variable with the key")
@@ -55,18 +53,14 @@ class OpenRouterResource(ConfigurableResource):
     max_tokens: int = Field(16384, description="max_tokens per request (also the reservation's worst case)")
     temperature: float | None = 1.0
     top_p: float | None = 0.95
-    extra_body: dict[str, Any] = Field(
-        default_factory=dict, description="Extra request fields (e.g. reasoning)"
-    )
+    extra_body: dict[str, Any] = Field(default_factory=dict, description="Extra request fields (e.g. reasoning)")
     quantizations: list[str] = Field(default_factory=lambda: list(DEFAULT_QUANTIZATIONS))
     ignore_providers: list[str] = Field(default_factory=lambda: list(DEFAULT_IGNORED))
     sort: str | None = "price"
     max_in_flight: int = Field(2000, description="Upper bound of concurrent requests (AIMD adapts below it)")
     min_in_flight: int = 4
     budget_usd: float = Field(100.0, description="Hard dollar budget across all runs (persisted ledger)")
-    ledger_path: str = Field(
-        "", description="Ledger SQLite file; default $EAGLE_FORGE_HOME/state/ledger.sqlite"
-    )
+    ledger_path: str = Field("", description="Ledger SQLite file; default $EAGLE_FORGE_HOME/state/ledger.sqlite")
     tokenizer_path: str = Field("", description="Kimi tokenizer dir for prompt-cost estimates")
     request_timeout_s: float = 600.0
     max_attempts: int = 10
@@ -128,6 +122,24 @@ class OpenRouterResource(ConfigurableResource):
         """Fail on configuration errors before anything can be spent."""
         self.generation_settings()
         self.api_key()
+
+    def available_usd(self) -> float:
+        """Dollars that could be spent now: the key's remaining limit, capped by the budget's headroom."""
+        self.ensure_server()
+        ledger = BudgetLedger(self.ledger_file())
+        try:
+            totals = ledger.totals()
+        finally:
+            ledger.close()
+        headroom = self.budget_usd - totals.usd_spent - totals.usd_reserved
+
+        async def remaining() -> float | None:
+            async with self.client() as client:
+                value = (await client.key_info()).get("limit_remaining")
+                return None if value is None else float(value)
+
+        key_remaining = asyncio.run(remaining())
+        return headroom if key_remaining is None else min(headroom, key_remaining)
 
     # --- one partition -----------------------------------------------------------------------
     def run_partition(self, job: PartitionJob, log: logging.Logger | Any) -> PartitionReport:

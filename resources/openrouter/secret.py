@@ -51,7 +51,5 @@ def load_api_key(key_file: str | None, env_var: str | None) -> ApiKey:
                 return ApiKey(text)
     if env_var and os.environ.get(env_var, "").strip():
         return ApiKey(os.environ[env_var])
-    where = " or ".join(
-        x for x in [f"file {key_file}" if key_file else "", f"${env_var}" if env_var else ""] if x
-    )
+    where = " or ".join(x for x in [f"file {key_file}" if key_file else "", f"${env_var}" if env_var else ""] if x)
     raise MissingApiKeyError(f"no OpenRouter API key found (looked in {where or 'nowhere'})")

@@ -1,0 +1,33 @@
+"""A persistent Dagster instance under the eagle-forge home, configured the way this pipeline needs.
+
+Run monitoring frees the slots of cancelled runs (otherwise a pool of 1 deadlocks), and the pools
+keep generation and GPU work from oversubscribing what they share.
+"""
+
+import os
+from pathlib import Path
+
+from eagle_assets import settings
+
+DAGSTER_YAML = """\
+run_monitoring:
+  enabled: true
+  free_slots_after_run_end_seconds: 300
+concurrency:
+  pools:
+    granularity: op
+    default_limit: 8
+telemetry:
+  enabled: false
+"""
+
+
+def ensure_dagster_home() -> Path:
+    """Set DAGSTER_HOME (unless the user did) and write a dagster.yaml once."""
+    home = Path(os.environ.get("DAGSTER_HOME") or settings.forge_home() / "dagster_home")
+    home.mkdir(parents=True, exist_ok=True)
+    cfg = home / "dagster.yaml"
+    if not cfg.exists():
+        cfg.write_text(DAGSTER_YAML)
+    os.environ["DAGSTER_HOME"] = str(home)
+    return home

@@ -1,0 +1,61 @@
+"""After generation stopped on money, watch the credits and backfill exactly what is left.
+
+One ``RunRequest`` per failed or missing generation partition (never a single-run backfill: one
+failure would fail the whole range), launched only when the available dollars went up.
+"""
+
+import dagster as dg
+
+from resources.openrouter.resource import OpenRouterResource
+from sensors.topup import CreditsCursor, decide
+
+
+def pending_partitions(instance: dg.DagsterInstance, asset: dg.AssetsDefinition) -> list[str]:
+    """Partitions that are failed or were never materialized (in-progress ones are left alone)."""
+    partitions_def = asset.partitions_def
+    assert partitions_def is not None
+    keys = partitions_def.get_partition_keys(dynamic_partitions_store=instance)
+    status = instance.get_status_by_partition(asset.key, keys, partitions_def) or {}
+    out = []
+    for k in keys:
+        s = status.get(k)
+        if s is None or s == dg.AssetPartitionStatus.FAILED:
+            out.append(k)
+    return out
+
+
+def build_credits_sensor(
+    generation_assets: list[dg.AssetsDefinition], minimum_interval_seconds: int = 30
+) -> dg.SensorDefinition:
+    @dg.sensor(
+        name="credits_topup_backfill",
+        minimum_interval_seconds=minimum_interval_seconds,
+        asset_selection=dg.AssetSelection.assets(*generation_assets),
+        default_status=dg.DefaultSensorStatus.STOPPED,
+        description="When credits are topped up (or the budget raised) after a budget stop, launch one run per "
+        "failed or missing generation partition.",
+    )
+    def credits_topup_backfill(context: dg.SensorEvaluationContext, openrouter: OpenRouterResource):
+        pending = {a.key: pending_partitions(context.instance, a) for a in generation_assets}
+        count = sum(len(v) for v in pending.values())
+        cursor = CreditsCursor.loads(context.cursor)
+        if count == 0:
+            context.update_cursor(CreditsCursor(cursor.last_remaining, cursor.epoch).dumps())
+            return dg.SkipReason("every generation partition is materialized")
+        decision = decide(cursor, openrouter.available_usd(), count)
+        context.update_cursor(decision.cursor.dumps())
+        if not decision.launch:
+            return dg.SkipReason(decision.reason)
+        context.log.info(decision.reason)
+        return [
+            dg.RunRequest(
+                run_key=f"topup-{decision.cursor.epoch}:{key.to_user_string()}:{p}",
+                asset_selection=[key],
+                partition_key=p,
+                tags={"eagle-forge/trigger": "credits-topup"},
+            )
+            for key, parts in pending.items()
+            for p in parts
+        ]
+
+    return credits_topup_backfill
