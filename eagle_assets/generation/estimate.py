@@ -33,11 +33,7 @@ def tokenizer_estimator(tokenizer: KimiTokenizer) -> Callable[[Prompt], int]:
                 pieces.append(orjson.dumps(m["tool_calls"]).decode())
         if prompt.tools:
             pieces.append(orjson.dumps(prompt.tools).decode())
-        tokens = (
-            sum(len(x) for x in tokenizer.encoding.encode_ordinary_batch(pieces, num_threads=1))
-            if pieces
-            else 0
-        )
+        tokens = sum(len(x) for x in tokenizer.encoding.encode_ordinary_batch(pieces, num_threads=1)) if pieces else 0
         return tokens + FRAMING_TOKENS_PER_MESSAGE * (len(prompt.messages) + 1)
 
     return estimate

@@ -14,6 +14,7 @@ corrects the orphan to the actual cost (``correct_orphans``) — conservative fi
 
 import os
 import sqlite3
+import threading
 import time
 import uuid
 from collections.abc import Iterable, Mapping
@@ -27,12 +28,12 @@ CREATE TABLE IF NOT EXISTS owners (
   owner TEXT PRIMARY KEY, pid INTEGER NOT NULL, create_time REAL NOT NULL, started REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS reservations (
   id TEXT PRIMARY KEY, owner TEXT NOT NULL, dataset TEXT NOT NULL, partition TEXT NOT NULL,
-  prompt_id TEXT NOT NULL, usd REAL NOT NULL, tokens INTEGER NOT NULL, created REAL NOT NULL);
+  prompt_id TEXT NOT NULL, usd INTEGER NOT NULL, tokens INTEGER NOT NULL, created REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS spend (
   id TEXT PRIMARY KEY, dataset TEXT NOT NULL, partition TEXT NOT NULL, prompt_id TEXT NOT NULL,
-  usd REAL NOT NULL, tokens INTEGER NOT NULL, kind TEXT NOT NULL, at REAL NOT NULL);
+  usd INTEGER NOT NULL, tokens INTEGER NOT NULL, kind TEXT NOT NULL, at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS totals (
-  scope TEXT PRIMARY KEY, usd_spent REAL NOT NULL DEFAULT 0, usd_reserved REAL NOT NULL DEFAULT 0,
+  scope TEXT PRIMARY KEY, usd_spent INTEGER NOT NULL DEFAULT 0, usd_reserved INTEGER NOT NULL DEFAULT 0,
   tokens_spent INTEGER NOT NULL DEFAULT 0, tokens_reserved INTEGER NOT NULL DEFAULT 0,
   in_flight INTEGER NOT NULL DEFAULT 0);
 CREATE INDEX IF NOT EXISTS reservations_owner ON reservations(owner);
@@ -40,6 +41,11 @@ CREATE INDEX IF NOT EXISTS spend_partition ON spend(partition, kind);
 """
 
 GLOBAL = "global"
+NANO = 1_000_000_000  # money is stored in integer nano-dollars: sums of floats drift, budgets must not
+
+
+def _n(usd: float) -> int:
+    return round(usd * NANO)
 
 
 def _scope(dataset: str) -> str:
@@ -87,7 +93,9 @@ class BudgetLedger:
     def __init__(self, path: str | Path, owner: str | None = None) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)
+        # One connection shared by the event loop and the journal-commit thread, serialized by a lock.
+        self._db = sqlite3.connect(self.path, timeout=60.0, isolation_level=None, check_same_thread=False)
+        self._lock = threading.RLock()
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
@@ -102,19 +110,27 @@ class BudgetLedger:
 
     # --- plumbing ---------------------------------------------------------------------------
     class _Tx:
-        def __init__(self, db: sqlite3.Connection) -> None:
-            self.db = db
+        def __init__(self, db: sqlite3.Connection, lock: threading.RLock) -> None:
+            self.db, self.lock = db, lock
 
         def __enter__(self) -> sqlite3.Cursor:
-            self.cur = self.db.cursor()
-            self.cur.execute("BEGIN IMMEDIATE")
+            self.lock.acquire()
+            try:
+                self.cur = self.db.cursor()
+                self.cur.execute("BEGIN IMMEDIATE")
+            except BaseException:
+                self.lock.release()
+                raise
             return self.cur
 
         def __exit__(self, exc_type: object, *_: object) -> None:
-            self.cur.execute("ROLLBACK" if exc_type else "COMMIT")
+            try:
+                self.cur.execute("ROLLBACK" if exc_type else "COMMIT")
+            finally:
+                self.lock.release()
 
     def _tx(self) -> "BudgetLedger._Tx":
-        return BudgetLedger._Tx(self._db)
+        return BudgetLedger._Tx(self._db, self._lock)
 
     @staticmethod
     def _bump(cur: sqlite3.Cursor, scope: str, **deltas: float) -> None:
@@ -129,14 +145,14 @@ class BudgetLedger:
         if kind != "released":
             cur.execute(
                 "INSERT INTO spend VALUES (?,?,?,?,?,?,?,?)",
-                (res.id, res.dataset, res.partition, res.prompt_id, usd, tokens, kind, time.time()),
+                (res.id, res.dataset, res.partition, res.prompt_id, _n(usd), tokens, kind, time.time()),
             )
         for scope in (GLOBAL, _scope(res.dataset)):
             self._bump(
                 cur,
                 scope,
-                usd_spent=usd,
-                usd_reserved=-res.usd,
+                usd_spent=_n(usd),
+                usd_reserved=-_n(res.usd),
                 tokens_spent=tokens,
                 tokens_reserved=-res.tokens,
                 in_flight=-1,
@@ -145,17 +161,20 @@ class BudgetLedger:
     # --- queries ----------------------------------------------------------------------------
     def totals(self, dataset: str | None = None) -> Totals:
         scope = GLOBAL if dataset is None else _scope(dataset)
-        row = self._db.execute(
-            "SELECT usd_spent, usd_reserved, tokens_spent, tokens_reserved, in_flight FROM totals"
-            " WHERE scope = ?",
-            (scope,),
-        ).fetchone()
-        return Totals(*row) if row else Totals(0.0, 0.0, 0, 0, 0)
+        with self._lock:
+            row = self._db.execute(
+                "SELECT usd_spent, usd_reserved, tokens_spent, tokens_reserved, in_flight FROM totals WHERE scope = ?",
+                (scope,),
+            ).fetchone()
+        if not row:
+            return Totals(0.0, 0.0, 0, 0, 0)
+        return Totals(row[0] / NANO, row[1] / NANO, row[2], row[3], row[4])
 
     def spend_by_kind(self, partition: str | None = None) -> dict[str, float]:
         q = "SELECT kind, SUM(usd) FROM spend" + (" WHERE partition = ?" if partition else "")
-        rows = self._db.execute(q + " GROUP BY kind", (partition,) if partition else ()).fetchall()
-        return {k: float(v) for k, v in rows}
+        with self._lock:
+            rows = self._db.execute(q + " GROUP BY kind", (partition,) if partition else ()).fetchall()
+        return {k: v / NANO for k, v in rows}
 
     # --- reservations -----------------------------------------------------------------------
     def reserve_many(
@@ -175,8 +194,8 @@ class BudgetLedger:
                 g = cur.execute(
                     "SELECT usd_spent + usd_reserved, in_flight FROM totals WHERE scope = ?", (GLOBAL,)
                 ).fetchone() or (0.0, 0)
-                if g[0] + usd > budget_usd + 1e-12:
-                    denial = Denial("usd", f"${g[0]:.4f} spent or reserved of ${budget_usd:.2f} budget")
+                if g[0] + _n(usd) > _n(budget_usd):
+                    denial = Denial("usd", f"${g[0] / NANO:.4f} spent or reserved of ${budget_usd:.2f} budget")
                     break
                 if max_in_flight is not None and g[1] >= max_in_flight:
                     denial = Denial("in_flight", f"{g[1]} requests in flight across processes")
@@ -187,17 +206,15 @@ class BudgetLedger:
                         (_scope(dataset),),
                     ).fetchone() or (0,)
                     if d[0] + tokens > token_budget:
-                        denial = Denial(
-                            "tokens", f"{d[0]:,} of {token_budget:,} output tokens used or reserved"
-                        )
+                        denial = Denial("tokens", f"{d[0]:,} of {token_budget:,} output tokens used or reserved")
                         break
                 res = Reservation(uuid.uuid4().hex, dataset, partition, prompt_id, usd, tokens)
                 cur.execute(
                     "INSERT INTO reservations VALUES (?,?,?,?,?,?,?,?)",
-                    (res.id, self.owner, dataset, partition, prompt_id, usd, tokens, now),
+                    (res.id, self.owner, dataset, partition, prompt_id, _n(usd), tokens, now),
                 )
                 for scope in (GLOBAL, _scope(dataset)):
-                    self._bump(cur, scope, usd_reserved=usd, tokens_reserved=tokens, in_flight=1)
+                    self._bump(cur, scope, usd_reserved=_n(usd), tokens_reserved=tokens, in_flight=1)
                 granted.append(res)
         return granted, denial
 
@@ -217,10 +234,10 @@ class BudgetLedger:
         with self._tx() as cur:
             cur.execute(
                 "INSERT INTO spend VALUES (?,?,?,?,?,?,?,?)",
-                (uuid.uuid4().hex, dataset, partition, prompt_id, usd, 0, kind, time.time()),
+                (uuid.uuid4().hex, dataset, partition, prompt_id, _n(usd), 0, kind, time.time()),
             )
             for scope in (GLOBAL, _scope(dataset)):
-                self._bump(cur, scope, usd_spent=usd)
+                self._bump(cur, scope, usd_spent=_n(usd))
 
     # --- crash recovery ---------------------------------------------------------------------
     @staticmethod
@@ -242,7 +259,7 @@ class BudgetLedger:
                     (owner,),
                 ).fetchall()
                 for row in rows:
-                    res = Reservation(*row)
+                    res = Reservation(*row[:4], row[4] / NANO, row[5])
                     self._move(cur, res, res.usd, 0, "orphan")
                 count += len(rows)
                 cur.execute("DELETE FROM owners WHERE owner = ?", (owner,))
@@ -255,17 +272,17 @@ class BudgetLedger:
             rows = cur.execute(
                 "SELECT id, dataset, usd FROM spend WHERE partition = ? AND kind = 'orphan'", (partition,)
             ).fetchall()
-            for rid, dataset, usd in rows:
+            for rid, dataset, nano in rows:
                 if rid not in actual:
                     continue
                 real_usd, tokens = actual[rid]
                 cur.execute(
                     "UPDATE spend SET usd = ?, tokens = ?, kind = 'settled_late' WHERE id = ?",
-                    (real_usd, tokens, rid),
+                    (_n(real_usd), tokens, rid),
                 )
                 for scope in (GLOBAL, _scope(dataset)):
-                    self._bump(cur, scope, usd_spent=real_usd - usd, tokens_spent=tokens)
-                refunded += usd - real_usd
+                    self._bump(cur, scope, usd_spent=_n(real_usd) - nano, tokens_spent=tokens)
+                refunded += nano / NANO - real_usd
         return refunded
 
     def close(self) -> None:
@@ -276,7 +293,7 @@ class BudgetLedger:
             ).fetchall()
             for row in rows:
                 # A clean close with open reservations means requests were abandoned: count them.
-                res = Reservation(*row)
+                res = Reservation(*row[:4], row[4] / NANO, row[5])
                 self._move(cur, res, res.usd, 0, "orphan")
             cur.execute("DELETE FROM owners WHERE owner = ?", (self.owner,))
         self._db.close()

@@ -42,9 +42,7 @@ def success_record(
         "status": "ok",
         "messages": prompt.messages,
         "tools": prompt.tools,
-        "reasoning": msg.get("reasoning")
-        if msg.get("reasoning") is not None
-        else msg.get("reasoning_content"),
+        "reasoning": msg.get("reasoning") if msg.get("reasoning") is not None else msg.get("reasoning_content"),
         "content": msg.get("content"),
         "tool_calls": msg.get("tool_calls") or None,
         "finish_reason": finish,

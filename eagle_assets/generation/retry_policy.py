@@ -24,9 +24,7 @@ class RetryPolicy:
     def should_retry(self, attempts_made: int) -> bool:
         return attempts_made < self.max_attempts
 
-    def delay(
-        self, attempts_made: int, retry_after_s: float | None = None, rng: random.Random | None = None
-    ) -> float:
+    def delay(self, attempts_made: int, retry_after_s: float | None = None, rng: random.Random | None = None) -> float:
         """Seconds to wait before attempt ``attempts_made + 1``."""
         r = rng or random
         ceiling = min(self.max_delay_s, self.base_delay_s * (2 ** max(0, attempts_made - 1)))

@@ -85,6 +85,7 @@ class PartitionReport:
     stop_detail: str = ""
     spent_usd: float = 0.0  # this run, all kinds
     discarded_usd: float = 0.0
+    uncertain_usd: float = 0.0  # charged for attempts that may have been billed (timeouts, drops, torn bodies)
     output_tokens: int = 0
     requests: int = 0
     elapsed_s: float = 0.0
@@ -130,24 +131,20 @@ class PartitionRunner:
         self.estimate = estimate_prompt_tokens
         self.emit = emit or log.info
         self.report = PartitionReport(job.key, total=len(job.prompts))
-        self.limiter = AdaptiveLimiter(
-            settings.max_in_flight, min(settings.min_in_flight, settings.max_in_flight)
-        )
+        self.limiter = AdaptiveLimiter(settings.max_in_flight, min(settings.min_in_flight, settings.max_in_flight))
         self._active = asyncio.Semaphore(settings.max_in_flight)
         self._commit_q: asyncio.Queue[tuple[dict[str, Any], Reservation | None]] = asyncio.Queue()
         self._stop_admitting = asyncio.Event()
         self._abort = asyncio.Event()  # credits gone or fatal: abandon retries too
         self._account_remaining: float | None = None
+        self._commit_error: Exception | None = None
         self._spent_at_poll = 0.0
         self._tasks: set[asyncio.Task[None]] = set()
 
     # --- cost model ---------------------------------------------------------------------------
     def worst_case_usd(self, prompt: Prompt) -> float:
         prompt_tokens = self.estimate(prompt) * self.s.reservation_margin + 16
-        return (
-            prompt_tokens * self.providers.max_prompt_price
-            + self.s.max_tokens * self.providers.max_completion_price
-        )
+        return prompt_tokens * self.providers.max_prompt_price + self.s.max_tokens * self.providers.max_completion_price
 
     def payload(self, prompt: Prompt) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -194,13 +191,16 @@ class PartitionRunner:
                 committer.cancel()
                 await asyncio.gather(committer, return_exceptions=True)
         self.report.elapsed_s = time.monotonic() - start
+        if self._commit_error is not None:
+            raise self._commit_error
         r = self.report
         r.not_started = r.total - r.done - r.failed
+        if r.stop_reason == "completed" and r.not_started:
+            r.stop_reason = "budget"
+            r.stop_detail = f"{r.not_started} prompts could not be reserved again for a retry"
         if r.stop_reason == "completed" and r.failed:
             r.stop_reason = "failures"
-            r.stop_detail = (
-                f"{r.failed} prompts exhausted {self.s.retry.max_attempts} attempts; rerun to retry them"
-            )
+            r.stop_detail = f"{r.failed} prompts exhausted {self.s.retry.max_attempts} attempts; rerun to retry them"
         self.emit(self._progress_line(time.monotonic() - start, final=True))
         return r
 
@@ -342,10 +342,21 @@ class PartitionRunner:
                 await self._commit_q.put((record, res))
                 return
             self.report.errors[out.error_class] += 1
+            if out.action is Action.RETRY and (raw.transport_error is not None or out.error_class == "malformed"):
+                # The request may have been billed (an abandoned request is billed in full): charge what
+                # /generation says or else the worst case, then reserve afresh for the retry.
+                await self._charge_uncertain(res, raw)
+                if not self.s.retry.should_retry(attempts):
+                    self.report.failed += 1
+                    return
+                await self._sleep(self.s.retry.delay(attempts, out.retry_after_s))
+                again, _ = self._reserve([prompt])
+                if not again:
+                    return  # no headroom for a retry: the prompt stays pending
+                res = again[0]
+                continue
             if out.cost_usd > 0:
-                self.ledger.record_spend(
-                    self.job.dataset, self.job.key, prompt.prompt_id, out.cost_usd, "error"
-                )
+                self.ledger.record_spend(self.job.dataset, self.job.key, prompt.prompt_id, out.cost_usd, "error")
                 self.report.spent_usd += out.cost_usd
             if out.action is Action.RETRY:
                 if out.error_class in ("rate_limited", "in_flight_budget", "no_provider"):
@@ -364,18 +375,34 @@ class PartitionRunner:
                 await self._sleep(self.s.retry.delay(attempts, out.retry_after_s))
                 continue
             if out.action is Action.SKIP:
-                await self._commit_q.put(
-                    (skipped_record(prompt, out.error_class, out.message, attempts), res)
-                )
+                await self._commit_q.put((skipped_record(prompt, out.error_class, out.message, attempts), res))
                 return
             self.ledger.release(res)
             if out.action is Action.STOP_CREDITS:
-                self._stop(
-                    "credits", f"credits exhausted (402: {out.message or 'insufficient credits'})", abort=True
-                )
+                self._stop("credits", f"credits exhausted (402: {out.message or 'insufficient credits'})", abort=True)
             else:
                 self._stop("fatal", out.message or out.error_class, abort=True)
             return
+
+    async def _charge_uncertain(self, res: Reservation, raw: RawResponse) -> None:
+        cost: float | None = None
+        gen_id = raw.headers.get("x-generation-id")
+        lookup = getattr(self.client, "generation", None)
+        if gen_id and lookup is not None:
+            for delay in (0.2, 0.5, 1.0, 2.0):
+                try:
+                    data = await lookup(gen_id)
+                except Exception:  # the lookup is best effort; the worst case stands in
+                    data = None
+                if data and data.get("total_cost") is not None:
+                    cost = float(data["total_cost"])
+                    break
+                await asyncio.sleep(delay)
+        if cost is None:
+            cost = res.usd
+        self.report.uncertain_usd += cost
+        self.report.spent_usd += cost
+        self.ledger.settle_many([Settlement(res, cost, 0, "uncertain")])
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
@@ -388,6 +415,7 @@ class PartitionRunner:
 
     # --- durability ---------------------------------------------------------------------------
     async def _committer(self, journal: Journal) -> None:
+        """Group commit: one fsync per batch. A failure here must end the run, never pass silently."""
         while True:
             first = await self._commit_q.get()
             batch = [first]
@@ -395,7 +423,11 @@ class PartitionRunner:
             while not self._commit_q.empty():
                 batch.append(self._commit_q.get_nowait())
             try:
-                await asyncio.to_thread(self._commit, journal, batch)
+                if self._commit_error is None:
+                    await asyncio.to_thread(self._commit, journal, batch)
+            except Exception as exc:
+                self._commit_error = exc
+                self._stop("fatal", f"journal/ledger commit failed: {type(exc).__name__}: {exc}", abort=True)
             finally:
                 for _ in batch:
                     self._commit_q.task_done()

@@ -29,9 +29,7 @@ def test_reservation_respects_budget_and_settles(tmp_path):
 
 def test_token_budget_per_dataset(tmp_path):
     led = BudgetLedger(tmp_path / "l.sqlite")
-    g, d = led.reserve_many(
-        [("B1", "B1/0", f"p{i}", 0.0, 400) for i in range(3)], budget_usd=10, token_budget=1000
-    )
+    g, d = led.reserve_many([("B1", "B1/0", f"p{i}", 0.0, 400) for i in range(3)], budget_usd=10, token_budget=1000)
     assert len(g) == 2 and d.reason == "tokens"
     g2, d2 = led.reserve_many([("B2", "B2/0", "q", 0.0, 400)], budget_usd=10, token_budget=1000)
     assert len(g2) == 1 and d2 is None  # budgets are per dataset
@@ -105,9 +103,7 @@ def _grab(path, q):
     led = BudgetLedger(path)
     n = 0
     for i in range(30):
-        g, _ = led.reserve_many(
-            [("B1", "B1/0", f"{os.getpid()}-{i}", 0.05, 1)], budget_usd=1.0, token_budget=None
-        )
+        g, _ = led.reserve_many([("B1", "B1/0", f"{os.getpid()}-{i}", 0.05, 1)], budget_usd=1.0, token_budget=None)
         for r in g:
             led.settle_many([Settlement(r, 0.05, 1)])
             n += 1

@@ -63,9 +63,7 @@ def test_retry_after_and_cost_are_read():
     out = classify(raw(429, b"", {"retry-after": "7"}))
     assert out.retry_after_s == 7.0
     assert classify(raw(200, OK)).cost_usd == pytest.approx(0.002)
-    err = classify(
-        raw(200, {"choices": [{"finish_reason": "error", "message": {}}], "usage": {"cost": 0.01}})
-    )
+    err = classify(raw(200, {"choices": [{"finish_reason": "error", "message": {}}], "usage": {"cost": 0.01}}))
     assert err.cost_usd == pytest.approx(0.01)
 
 
