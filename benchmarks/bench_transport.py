@@ -196,11 +196,15 @@ def main() -> None:
         return
     if a.quick:
         a.n, a.baseline_n, a.concurrency, a.latency = 2000, 500, 500, 1.0
+    import psutil
+
     sim, url = start_simulator(a.latency)
+    sim_proc = psutil.Process(sim.pid)
     results = {}
     try:
         for v in a.variants.split(","):
             n = a.n if v in ("engine", "aiohttp") else a.baseline_n
+            sim_cpu0 = sum(sim_proc.cpu_times()[:2])
             out = subprocess.run(
                 [
                     sys.executable,
@@ -223,6 +227,7 @@ def main() -> None:
                 print(f"{v}: failed\n{out.stderr[-2000:]}")
                 continue
             r = json.loads(out.stdout.strip().splitlines()[-1])
+            r["server_cpu_ms_per_req"] = 1000 * (sum(sim_proc.cpu_times()[:2]) - sim_cpu0) / r["n"]
             ideal = math.ceil(r["n"] / a.concurrency) * a.latency
             r["cpu_ms_per_req"] = 1000 * r["cpu_s"] / r["n"]
             r["throughput_frac"] = ideal / r["wall_s"]
@@ -231,7 +236,8 @@ def main() -> None:
             print(
                 f"{v:>14}: {r['n']:>6} req ({r['ok']} ok) | {r['cpu_ms_per_req']:6.2f} ms CPU/req | "
                 f"{r['req_per_s']:7.1f} req/s = {100 * r['throughput_frac']:5.1f}% of ideal "
-                f"({a.concurrency}/{a.latency:g}s) | peak RSS {r['peak_rss_mb']:.0f} MB",
+                f"({a.concurrency}/{a.latency:g}s) | peak RSS {r['peak_rss_mb']:.0f} MB | "
+                f"simulator {r['server_cpu_ms_per_req']:.2f} ms CPU/req",
                 flush=True,
             )
     finally:

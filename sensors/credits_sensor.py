@@ -25,7 +25,10 @@ def pending_partitions(instance: dg.DagsterInstance, asset: dg.AssetsDefinition)
 
 
 def build_credits_sensor(
-    generation_assets: list[dg.AssetsDefinition], minimum_interval_seconds: int = 30
+    generation_assets: list[dg.AssetsDefinition],
+    minimum_interval_seconds: int = 30,
+    min_increase_usd: float = 0.5,
+    min_remaining_usd: float = 0.5,
 ) -> dg.SensorDefinition:
     @dg.sensor(
         name="credits_topup_backfill",
@@ -42,7 +45,7 @@ def build_credits_sensor(
         if count == 0:
             context.update_cursor(CreditsCursor(cursor.last_remaining, cursor.epoch).dumps())
             return dg.SkipReason("every generation partition is materialized")
-        decision = decide(cursor, openrouter.available_usd(), count)
+        decision = decide(cursor, openrouter.available_usd(), count, min_increase_usd, min_remaining_usd)
         context.update_cursor(decision.cursor.dumps())
         if not decision.launch:
             return dg.SkipReason(decision.reason)

@@ -1,0 +1,231 @@
+"""Generation as Dagster assets on a real instance: metadata, budget failure then resume, SIGKILL of a
+running `dagster asset materialize` at random moments, and the credits sensor backfilling after a top-up."""
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import dagster as dg
+import orjson
+import polars as pl
+import pytest
+
+from eagle_assets.assets.generation import build_generated_asset
+from eagle_assets.datasets.config import DatasetSpec
+from eagle_assets.generation.journal import read_records
+from eagle_assets.generation.ledger import BudgetLedger
+from eagle_assets.settings import REPO_ROOT, tokenizer_dir
+from resources.openrouter.resource import OpenRouterResource
+from resources.simulator.config import LatencyConfig, SimulatorConfig
+from resources.simulator.control import run_simulator_in_thread, spawn_simulator_process
+from sensors.credits_sensor import build_credits_sensor
+
+
+def write_prompts(path: Path, n: int, tag: str = "k") -> Path:
+    rows = [
+        {"id": f"{tag}{i:05d}", "messages": [{"role": "user", "content": f"Prompt {tag} {i}: say something."}]}
+        for i in range(n)
+    ]
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    return path
+
+
+@pytest.fixture
+def forge_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("EAGLE_FORGE_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def resource_for(base_url: str, **kw) -> OpenRouterResource:
+    kw.setdefault("budget_usd", 100.0)
+    return OpenRouterResource(
+        base_url=base_url,
+        max_tokens=128,
+        max_in_flight=32,
+        request_timeout_s=5.0,
+        retry_base_delay_s=0.01,
+        retry_max_delay_s=0.1,
+        progress_interval_s=0.5,
+        key_poll_interval_s=0.2,
+        api_key_file="",
+        tokenizer_path=str(tokenizer_dir()),
+        **kw,
+    )
+
+
+def test_materialize_partitions_with_metadata_and_budget_resume(tmp_path, forge_home):
+    spec = DatasetSpec("K1", write_prompts(tmp_path / "k1.jsonl", 120), 10**9, 60)
+    asset = build_generated_asset(spec)
+    assert asset.partitions_def.get_partition_keys() == ["0000", "0001"]
+    cfg = SimulatorConfig(latency=LatencyConfig.fixed(0.005), mean_completion_tokens=50, tokenizer_dir=tokenizer_dir())
+    with run_simulator_in_thread(cfg) as sim, dg.instance_for_test() as instance:
+        # A budget that runs out part-way: the step fails with a clear, resumable message.
+        poor = resource_for(sim.base_url, budget_usd=0.01)
+        result = dg.materialize(
+            [asset], partition_key="0000", instance=instance, resources={"openrouter": poor}, raise_on_error=False
+        )
+        assert not result.success
+        failure = [e for e in result.all_events if e.is_step_failure][0]
+        text = failure.step_failure_data.error.message + str(failure.step_failure_data.user_failure_data)
+        assert "budget exhausted" in text and "of 60 prompts done, resumable" in text
+        done_before = len(read_records(forge_home / "journal" / "K1" / "0000.journal"))
+        assert 0 < done_before < 60
+        assert sim.stats(0)["billed_usd"] <= 0.01
+        status = instance.get_status_by_partition(asset.key, ["0000", "0001"], asset.partitions_def)
+        assert status["0000"] == dg.AssetPartitionStatus.FAILED
+        # After raising the budget the same partition continues where it stopped.
+        rich = resource_for(sim.base_url, budget_usd=10.0)
+        result = dg.materialize([asset], partition_key="0000", instance=instance, resources={"openrouter": rich})
+        assert result.success
+        mat = result.asset_materializations_for_node(asset.node_def.name)[0]
+        md = mat.metadata
+        assert md["prompts_done"].value == 60 and md["rows"].value == 60
+        assert md["new_this_run"].value == 60 - done_before
+        assert "Chutes" in md["providers"].value or "Moonshot" in md["providers"].value
+        frame = pl.read_parquet(forge_home / "generated" / "K1" / "0000.parquet")
+        assert frame.height == 60 and frame["prompt_id"].n_unique() == 60
+        assert set(frame.columns) >= {
+            "prompt_id",
+            "messages",
+            "reasoning",
+            "content",
+            "tool_calls",
+            "finish_reason",
+            "provider",
+            "model",
+            "prompt_tokens",
+            "completion_tokens",
+            "reasoning_tokens",
+            "cost",
+            "generation_id",
+            "latency_s",
+            "attempts",
+        }
+        assert sim.stats(0)["hashes_billed_more_than_once"] == []
+
+
+def test_credits_sensor_backfills_exactly_the_missing_partitions(tmp_path, forge_home):
+    spec = DatasetSpec("K2", write_prompts(tmp_path / "k2.jsonl", 90, tag="s"), 10**9, 30)
+    asset = build_generated_asset(spec)
+    sensor = build_credits_sensor([asset], min_increase_usd=0.001, min_remaining_usd=0.001)
+    cfg = SimulatorConfig(
+        latency=LatencyConfig.fixed(0.005), mean_completion_tokens=50, credits=0.008, tokenizer_dir=tokenizer_dir()
+    )
+    with run_simulator_in_thread(cfg) as sim, dg.instance_for_test() as instance:
+        res = resource_for(sim.base_url)
+        defs = dg.Definitions(assets=[asset], sensors=[sensor], resources={"openrouter": res})
+        ctx = dg.build_sensor_context(instance=instance, resources={"openrouter": res})
+        first = sensor(ctx)
+        assert isinstance(first, dg.SkipReason) and "first look" in first.skip_message
+        outcomes = [
+            dg.materialize(
+                [asset], partition_key=k, instance=instance, resources={"openrouter": res}, raise_on_error=False
+            ).success
+            for k in ("0000", "0001", "0002")
+        ]
+        assert not all(outcomes), "the simulated credits should run out"
+        ctx2 = dg.build_sensor_context(instance=instance, resources={"openrouter": res}, cursor=ctx.cursor)
+        assert isinstance(sensor(ctx2), dg.SkipReason)  # spent down, no top-up yet
+        sim.topup(5.0)
+        ctx3 = dg.build_sensor_context(instance=instance, resources={"openrouter": res}, cursor=ctx2.cursor)
+        requests = sensor(ctx3)
+        pending = [k for k, ok in zip(("0000", "0001", "0002"), outcomes, strict=True) if not ok]
+        assert sorted(r.partition_key for r in requests) == pending
+        assert len({r.run_key for r in requests}) == len(requests)
+        job = defs.get_implicit_global_asset_job_def()
+        for r in requests:
+            assert job.execute_in_process(instance=instance, partition_key=r.partition_key).success
+        status = instance.get_status_by_partition(asset.key, ["0000", "0001", "0002"], asset.partitions_def)
+        assert all(s == dg.AssetPartitionStatus.MATERIALIZED for s in status.values())
+        ctx4 = dg.build_sensor_context(instance=instance, resources={"openrouter": res}, cursor=ctx3.cursor)
+        assert isinstance(sensor(ctx4), dg.SkipReason)
+
+
+def _materialize_cmd() -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "dagster",
+        "asset",
+        "materialize",
+        "-m",
+        "eagle_assets.definitions",
+        "--select",
+        "generated/K3",
+        "--partition",
+        "0000",
+    ]
+
+
+def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tmp_path):
+    home = tmp_path / "home"
+    prompts = write_prompts(tmp_path / "k3.jsonl", 400, tag="x")
+    datasets = tmp_path / "datasets.yaml"
+    datasets.write_text(f"datasets:\n  K3: {{path: {prompts}, shard_size: 400}}\n")
+    state = tmp_path / "sim-state.json"
+    sim = spawn_simulator_process(
+        SimulatorConfig(
+            latency=LatencyConfig.lognormal(0.15, 0.6),
+            credits=50.0,
+            state_file=state,
+            mean_completion_tokens=60,
+            tokenizer_dir=tokenizer_dir(),
+        )
+    )
+    port = sim.base_url.split(":")[2].split("/")[0]
+    env = {
+        **os.environ,
+        "EAGLE_FORGE_HOME": str(home),
+        "EAGLE_FORGE_DATASETS": str(datasets),
+        "EAGLE_FORGE_SIM_PORT": port,
+        "EAGLE_FORGE_MAX_TOKENS": "128",
+        "EAGLE_FORGE_BUDGET_USD": "3",
+        "DAGSTER_HOME": str(tmp_path / "dh"),
+        "PYTHONPATH": str(REPO_ROOT),
+    }
+    (tmp_path / "dh").mkdir()
+    journal = home / "journal" / "K3" / "0000.journal"
+    rng = random.Random(7)
+    kills = 0
+    try:
+        for _ in range(2):
+            proc = subprocess.Popen(
+                _materialize_cmd(),
+                env=env,
+                cwd=REPO_ROOT,
+                start_new_session=True,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            target = rng.randint(40, 250)
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and proc.poll() is None:
+                if journal.exists() and len(read_records(journal)) >= target:
+                    break
+                time.sleep(0.05)
+            time.sleep(rng.uniform(0.0, 0.3))
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                kills += 1
+            proc.wait()
+        final = subprocess.run(_materialize_cmd(), env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+        assert final.returncode == 0, final.stderr[-3000:]
+        records = read_records(journal)
+        ids = [r["prompt_id"] for r in records]
+        assert kills >= 1
+        assert len(ids) == 400 and len(set(ids)) == 400, "a record was lost or duplicated"
+        frame = pl.read_parquet(home / "generated" / "K3" / "0000.parquet")
+        assert frame.height == 400 and frame["prompt_id"].n_unique() == 400
+        stats = sim.stats(0)
+        led = BudgetLedger(home / "state" / "ledger.sqlite")
+        spent = led.totals().usd_spent
+        led.close()
+        assert stats["billed_usd"] <= spent + 1e-9 <= 3.0 + 1e-9  # the ledger is conservative and within budget
+        # Only requests in flight at a kill can have been bought twice.
+        assert len(stats["hashes_billed_more_than_once"]) <= kills * 32
+    finally:
+        sim.terminate()
