@@ -1,0 +1,91 @@
+"""Checkpoint file mechanics: atomic writes, the ``latest.json`` pointer, RNG states as plain values.
+
+Atomic = temporary file in the same directory, fsync, ``os.replace``, fsync of the directory: a
+crash leaves either the old file or the new one, never a torn one, and ``latest.json`` is only
+moved once the checkpoint it names is durable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+LATEST = "latest.json"
+
+
+def rng_state() -> dict[str, Any]:
+    """Plain Python values only: they travel through ``all_gather_object`` and load with ``weights_only``."""
+    np_state = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": (np_state[0], np_state[1].tolist(), *(x.item() if hasattr(x, "item") else x for x in np_state[2:])),
+        "torch": torch.get_rng_state().numpy().tobytes(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = [s.numpy().tobytes() for s in torch.cuda.get_rng_state_all()]
+    return state
+
+
+def _bytes_tensor(b: bytes) -> torch.Tensor:
+    return torch.frombuffer(bytearray(b), dtype=torch.uint8)
+
+
+def set_rng_state(state: Mapping[str, Any]) -> None:
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    np_state = state["numpy"]
+    np.random.set_state((np_state[0], np.asarray(np_state[1], dtype=np.uint32), *np_state[2:]))
+    torch.set_rng_state(_bytes_tensor(state["torch"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([_bytes_tensor(b) for b in state["cuda"]])
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_torch_save(obj: Any, path: Path) -> None:
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        with tmp.open("wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        with tmp.open("w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def latest_checkpoint(directory: str | Path) -> Path | None:
+    d = Path(directory)
+    pointer = d / LATEST
+    if not pointer.is_file():
+        return None
+    path = d / json.loads(pointer.read_text())["file"]
+    return path if path.is_file() else None

@@ -1,0 +1,317 @@
+"""The EAGLE-3 draft: ``fc`` over the target's aux features, one Llama decoder layer, ``norm``, ``lm_head``.
+
+Parameter and buffer names are those of SGLang's and vLLM's ``LlamaForCausalLMEagle3`` checkpoints
+(``fc.weight``, ``midlayer.self_attn.{q,k,v,o}_proj.weight``, ``midlayer.mlp.{gate,up,down}_proj.weight``,
+``midlayer.{input_layernorm,hidden_norm,post_attention_layernorm}.weight``, ``norm.weight``,
+``lm_head.weight``, ``d2t``, ``t2d``), so ``export.py`` writes the state dict as is.
+
+One draft step, for a hidden state ``h`` (``fc(aux)`` at step 0, the previous step's output later)
+and the embedding ``e`` of the next token::
+
+    x   = [input_layernorm(e); hidden_norm(h)]          # 2H wide: q/k/v take 2H inputs
+    h'  = h + o_proj(attn(x))                           # residual is the *un-normalised* h
+    h'' = h' + mlp(post_attention_layernorm(h'))
+    out = h''                -> next step's hidden state (pre-norm, as the engines pass it on)
+    logits = lm_head(norm(h''))
+
+RoPE and RMSNorm follow Hugging Face Llama (rotate-half RoPE, fp32 RMS statistics) because the
+engines implement exactly that. How keys are attended is left to an ``attend(q, k, v)`` callable: the
+training-time test (``ttt.py``) and the inference cache (``DraftKVCache``) impose different masks on
+the same layer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from eagle_assets.draft.vocab import DraftVocab
+
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Eagle3Config:
+    """Shape of the draft. ``aux_layer_ids`` are HF ``output_hidden_states`` indices (see ``export.py``)."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    target_vocab_size: int
+    draft_vocab_size: int
+    aux_layer_ids: tuple[int, ...]
+    target_hidden_size: int = 0  # 0: same as hidden_size
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10_000.0
+    max_position: int = 4096
+    target_num_layers: int = 0  # 0: unknown; recorded for the engines' layer-id conventions
+    save_embeddings: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "aux_layer_ids", tuple(int(i) for i in self.aux_layer_ids))
+        if self.target_hidden_size == 0:
+            object.__setattr__(self, "target_hidden_size", self.hidden_size)
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError("num_heads must be a multiple of num_kv_heads")
+        if self.head_dim % 2:
+            raise ValueError("RoPE needs an even head_dim")
+        if not 0 < self.draft_vocab_size <= self.target_vocab_size:
+            raise ValueError("draft_vocab_size must be in [1, target_vocab_size]")
+        if not self.aux_layer_ids:
+            raise ValueError("at least one aux layer is needed")
+
+    @property
+    def aux_width(self) -> int:
+        return len(self.aux_layer_ids) * self.target_hidden_size
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["aux_layer_ids"] = list(self.aux_layer_ids)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Eagle3Config:
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+    @classmethod
+    def from_target(
+        cls,
+        target_config: Any,
+        draft_vocab_size: int,
+        aux_layer_ids: tuple[int, ...] | None = None,
+        **overrides: Any,
+    ) -> Eagle3Config:
+        """Mirror the target's attention geometry (what the reference drafts do); HF config in."""
+        cfg = getattr(target_config, "text_config", None) or target_config
+        n_layers = int(cfg.num_hidden_layers)
+        heads = int(cfg.num_attention_heads)
+        head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+        rope = getattr(cfg, "rope_parameters", None) or {}
+        theta = float(getattr(cfg, "rope_theta", None) or rope.get("rope_theta", 10_000.0))
+        values: dict[str, Any] = {
+            "hidden_size": int(cfg.hidden_size),
+            "intermediate_size": int(cfg.intermediate_size),
+            "num_heads": heads,
+            "num_kv_heads": int(getattr(cfg, "num_key_value_heads", None) or heads),
+            "head_dim": head_dim,
+            "target_vocab_size": int(cfg.vocab_size),
+            "draft_vocab_size": draft_vocab_size,
+            "aux_layer_ids": aux_layer_ids or (2, n_layers // 2, n_layers - 3),
+            "target_hidden_size": int(cfg.hidden_size),
+            "rms_norm_eps": float(getattr(cfg, "rms_norm_eps", 1e-6)),
+            "rope_theta": theta,
+            "max_position": int(getattr(cfg, "max_position_embeddings", 4096)),
+            "target_num_layers": n_layers,
+        }
+        values.update(overrides)
+        return cls(**values)
+
+
+class RMSNorm(nn.Module):
+    """HF Llama RMSNorm: statistics in fp32, weight applied in the input dtype."""
+
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(dtype)
+
+
+def rope_cos_sin(
+    positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [..., T, head_dim] for integer positions (any leading shape)."""
+    inv_freq = 1.0 / (
+        theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=positions.device).float() / head_dim)
+    )
+    freqs = positions.to(torch.float32)[..., None] * inv_freq
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, heads, T, d]; cos/sin [T, d] or [B, T, d]."""
+    if cos.ndim == 3:
+        cos, sin = cos[:, None], sin[:, None]
+    return x * cos + _rotate_half(x) * sin
+
+
+def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """[B, kv_heads, T, d] → [B, kv_heads*groups, T, d]; query head h uses kv head h // groups (HF order)."""
+    return x if groups == 1 else x.repeat_interleave(groups, dim=1)
+
+
+class Eagle3Attention(nn.Module):
+    def __init__(self, config: Eagle3Config):
+        super().__init__()
+        h, d = config.hidden_size, config.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, d
+        self.q_proj = nn.Linear(2 * h, config.num_heads * d, bias=False)
+        self.k_proj = nn.Linear(2 * h, config.num_kv_heads * d, bias=False)
+        self.v_proj = nn.Linear(2 * h, config.num_kv_heads * d, bias=False)
+        self.o_proj = nn.Linear(config.num_heads * d, h, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        out = attend(q, k, v)  # [B, heads, T, d]
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim))
+
+
+class Eagle3MLP(nn.Module):
+    def __init__(self, config: Eagle3Config):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Eagle3DecoderLayer(nn.Module):
+    def __init__(self, config: Eagle3Config):
+        super().__init__()
+        self.self_attn = Eagle3Attention(config)
+        self.mlp = Eagle3MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(
+        self, emb: torch.Tensor, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend
+    ) -> torch.Tensor:
+        x = torch.cat([self.input_layernorm(emb), self.hidden_norm(hidden)], dim=-1)
+        h = hidden + self.self_attn(x, cos, sin, attend)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Eagle3Draft(nn.Module):
+    """The draft model. ``embed_tokens`` is the target's matrix, frozen and not saved unless configured."""
+
+    def __init__(self, config: Eagle3Config, embed_weight: torch.Tensor | None = None, init_std: float = 0.02):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.target_vocab_size, config.hidden_size)
+        self.embed_tokens.weight.requires_grad_(False)
+        self.fc = nn.Linear(config.aux_width, config.hidden_size, bias=False)
+        self.midlayer = Eagle3DecoderLayer(config)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
+        vocab = DraftVocab.identity(config.draft_vocab_size, config.target_vocab_size)
+        self.register_buffer("d2t", vocab.d2t)
+        self.register_buffer("t2d", vocab.t2d)
+        self._init_weights(init_std)
+        if embed_weight is not None:
+            self.load_embeddings(embed_weight)
+
+    @torch.no_grad()
+    def _init_weights(self, std: float) -> None:
+        # HF Llama's scheme (normal(0, 0.02), norms at 1) so a fresh draft starts like the references'.
+        for name, p in self.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            elif name != "embed_tokens.weight":
+                p.normal_(0.0, std)
+
+    @torch.no_grad()
+    def load_embeddings(self, weight: torch.Tensor) -> None:
+        if tuple(weight.shape) != tuple(self.embed_tokens.weight.shape):
+            raise ValueError(f"embedding {tuple(weight.shape)} != {tuple(self.embed_tokens.weight.shape)}")
+        self.embed_tokens.weight.copy_(weight)
+
+    @torch.no_grad()
+    def set_vocab(self, vocab: DraftVocab) -> None:
+        if vocab.size != self.config.draft_vocab_size or vocab.target_vocab_size != self.config.target_vocab_size:
+            raise ValueError("vocabulary map does not fit the model's draft/target vocabulary sizes")
+        self.d2t.copy_(vocab.d2t)
+        self.t2d.copy_(vocab.t2d)
+
+    @property
+    def vocab(self) -> DraftVocab:
+        return DraftVocab.from_d2t(self.d2t.cpu(), self.config.target_vocab_size)
+
+    def used_ids(self) -> torch.Tensor:
+        """Target ids of the draft vocabulary, in draft order."""
+        return torch.arange(self.d2t.numel(), device=self.d2t.device) + self.d2t
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids + self.d2t[draft_ids]
+
+    def project(self, aux: torch.Tensor) -> torch.Tensor:
+        """Target features [.., n_aux*H_target] → the draft's step-0 hidden state."""
+        return self.fc(aux.to(self.fc.weight.dtype))
+
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        return rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, dtype)
+
+    def step(
+        self, hidden: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor, attend: Attend
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One draft step: (hidden [B,T,H], ids [B,T], positions [T] or [B,T]) → (next hidden, draft logits)."""
+        emb = self.embed_tokens(input_ids).to(hidden.dtype)
+        cos, sin = self.rope(positions, hidden.dtype)
+        out = self.midlayer(emb, hidden, cos, sin, attend)
+        return out, self.lm_head(self.norm(out))
+
+    def checkpoint_state_dict(self) -> dict[str, torch.Tensor]:
+        """Everything that is trained or identifies the vocabulary; the frozen embedding only if configured."""
+        sd = self.state_dict()
+        if not self.config.save_embeddings:
+            sd.pop("embed_tokens.weight", None)
+        return sd
+
+    def load_checkpoint_state_dict(self, sd: Mapping[str, torch.Tensor]) -> None:
+        missing, unexpected = self.load_state_dict(dict(sd), strict=False)
+        missing = [k for k in missing if k != "embed_tokens.weight"]
+        if missing or unexpected:
+            raise KeyError(f"draft state dict mismatch: missing {missing}, unexpected {unexpected}")
+
+
+class DraftKVCache:
+    """Inference-time KV cache of one draft layer: plain causal attention over everything appended."""
+
+    def __init__(self) -> None:
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return 0 if self.k is None else int(self.k.shape[2])
+
+    def crop(self, length: int) -> None:
+        if self.k is not None:
+            self.k, self.v = self.k[:, :, :length], self.v[:, :, :length]  # type: ignore[index]
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        past = len(self)
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)  # type: ignore[list-item]
+        groups = q.shape[1] // k.shape[1]
+        tq, tk = q.shape[2], self.k.shape[2]
+        allowed = torch.arange(tk, device=q.device)[None, :] <= (past + torch.arange(tq, device=q.device))[:, None]
+        kk, vv = repeat_kv(self.k, groups), repeat_kv(self.v, groups)
+        scores = (q @ kk.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        return torch.softmax(scores.float(), dim=-1).to(q.dtype) @ vv

@@ -1,0 +1,262 @@
+"""Training-time test (TTT): the draft unrolled K steps on its own hidden states, as it runs at inference.
+
+Alignment (``T`` tokens ``x_0..x_{T-1}``, target features ``f_t`` computed from ``x_0..x_t``, target
+logits ``z_t`` predicting ``x_{t+1}``), for step ``k = 0..K-1`` and sequence index ``t``:
+
+====================  =============================================================
+hidden input          ``fc(f_t)`` at k = 0, else the step k-1 output at index t
+token input           ``x_{t+1+k}`` (ids shifted left by 1+k, zero-filled)
+position (RoPE)       ``t + k``
+target distribution   ``softmax(z_{t+1+k}[t2d])`` (it predicts ``x_{t+2+k}``)
+loss mask             ``loss_mask[t+2+k]`` × ``t2d[argmax z_{t+1+k}]``
+====================  =============================================================
+
+So at step 0 the hidden state of position t with the embedding of token t+1 predicts token t+2, and
+each step moves the whole sequence one token further. The loss mask is taken at the *predicted*
+token (an assistant token is what the draft will be asked to guess); the references differ on this
+shift by one or two positions, which only matters at turn boundaries.
+
+Attention at step k, query index t: the step-0 keys at indices ``s <= t`` (causal) and, from every
+step ``1..k``, only the key at index t (the diagonal). That is exactly what the draft sees when it
+drafts k tokens after position t at inference: the cache of positions ``0..t`` filled from target
+features, then its own k chained entries. ``ttt_attention_mask`` spells the mask out;
+``attn_impl="eager"`` computes it without materialising it (T×T causal scores plus one dot product
+per earlier step), ``"sdpa"`` concatenates the steps' KV and passes the explicit mask to
+``scaled_dot_product_attention`` (memory-efficient kernels on GPU). Both are exact; the tests check
+them against each other and against the inference cache.
+
+Loss per step: soft cross-entropy ``-Σ p log q`` summed over masked positions, divided by a
+denominator per step (by default the local count of loss-masked positions; the trainer passes global
+counts so that data-parallel and accumulated batches weigh every token equally), weighted ``0.8^k``.
+
+Accuracy per step: ``d2t(argmax draft) == argmax z`` over loss-masked positions (a target top-1
+outside the draft vocabulary counts as a miss, as it is a rejection at inference).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from eagle_assets.draft.model import Eagle3Draft, repeat_kv
+
+TargetHead = Callable[[torch.Tensor], torch.Tensor]
+ATTN_IMPLS = ("eager", "sdpa")
+
+
+def shift_left(x: torch.Tensor, n: int, fill: int | float | bool = 0) -> torch.Tensor:
+    """``y[:, t] = x[:, t + n]``, ``fill`` past the end (dim 1)."""
+    if n == 0:
+        return x
+    t = x.shape[1]
+    pad = torch.full((x.shape[0], min(n, t), *x.shape[2:]), fill, dtype=x.dtype, device=x.device)
+    return torch.cat([x[:, n:], pad], dim=1)
+
+
+def step_attention_mask(seq_len: int, step: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """Bool [T, (step+1)*T]: which keys (step-major: all of step 0, then step 1...) step ``step`` queries see."""
+    t = torch.arange(seq_len, device=device)
+    blocks = [t[None, :] <= t[:, None]] + [t[None, :] == t[:, None]] * step
+    return torch.cat(blocks, dim=1)
+
+
+def ttt_attention_mask(seq_len: int, steps: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """Bool [K*T, K*T] over all steps' queries × keys, step-major; later steps' keys are never visible."""
+    full = torch.zeros(steps * seq_len, steps * seq_len, dtype=torch.bool, device=device)
+    for k in range(steps):
+        full[k * seq_len : (k + 1) * seq_len, : (k + 1) * seq_len] = step_attention_mask(seq_len, k, device)
+    return full
+
+
+def _attend_eager(q: torch.Tensor, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor]) -> torch.Tensor:
+    groups = q.shape[1] // keys[0].shape[1]
+    t = q.shape[2]
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    k0, v0 = repeat_kv(keys[0], groups), repeat_kv(values[0], groups)
+    causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+    scores = [(q @ k0.transpose(-1, -2) * scale).masked_fill(~causal, float("-inf"))]
+    scores += [(q * repeat_kv(k, groups)).sum(-1, keepdim=True) * scale for k in keys[1:]]
+    probs = torch.softmax(torch.cat(scores, dim=-1).float(), dim=-1).to(q.dtype)
+    out = probs[..., :t] @ v0
+    for j, v in enumerate(values[1:]):
+        out = out + probs[..., t + j : t + j + 1] * repeat_kv(v, groups)
+    return out
+
+
+def _attend_sdpa(q: torch.Tensor, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor]) -> torch.Tensor:
+    groups = q.shape[1] // keys[0].shape[1]
+    k = repeat_kv(torch.cat(list(keys), dim=2), groups)
+    v = repeat_kv(torch.cat(list(values), dim=2), groups)
+    mask = step_attention_mask(q.shape[2], len(keys) - 1, q.device)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+class TTTAttention:
+    """Collects each step's keys/values and attends with the TTT mask; one instance per unrolled sequence."""
+
+    def __init__(self, impl: str = "eager"):
+        if impl not in ATTN_IMPLS:
+            raise ValueError(f"attn_impl must be one of {ATTN_IMPLS}, got {impl!r}")
+        self.impl = impl
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        self.keys.append(k)
+        self.values.append(v)
+        fn = _attend_sdpa if self.impl == "sdpa" else _attend_eager
+        return fn(q, self.keys, self.values)
+
+
+def resolve_attn_impl(impl: str, device: torch.device) -> str:
+    """``auto``: explicit-mask SDPA on GPU (memory-efficient kernels), the cheaper eager form on CPU."""
+    if impl == "auto":
+        return "sdpa" if device.type == "cuda" else "eager"
+    return impl
+
+
+@torch.no_grad()
+def target_distribution(
+    last: torch.Tensor, target_head: TargetHead, used_ids: torch.Tensor, chunk_tokens: int = 1024
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(softmax of the target logits over the draft vocabulary [B,T,N] fp32, target top-1 [B,T]).
+
+    Chunked over tokens so that only ``chunk_tokens`` × V logits exist at a time (V = 163,840 for Kimi).
+    """
+    b, t, h = last.shape
+    flat = last.reshape(b * t, h)
+    if isinstance(target_head, torch.nn.Module):  # a store may hold bf16 features for an fp32 head (or vice versa)
+        param = next(target_head.parameters(), None)
+        if param is not None and param.is_floating_point():
+            flat = flat.to(param.dtype)
+    probs, tops = [], []
+    for i in range(0, flat.shape[0], chunk_tokens):
+        logits = target_head(flat[i : i + chunk_tokens]).float()
+        tops.append(logits.argmax(-1))
+        probs.append(torch.softmax(logits[:, used_ids], dim=-1))
+    n = used_ids.numel()
+    if not probs:
+        return last.new_zeros(b, t, n, dtype=torch.float32), torch.zeros(b, t, dtype=torch.int64, device=last.device)
+    return torch.cat(probs).view(b, t, n), torch.cat(tops).view(b, t)
+
+
+@dataclass
+class TTTOutput:
+    loss: torch.Tensor  # differentiable scalar: Σ_k w^k · loss_sum_k / denominator_k
+    loss_sum: torch.Tensor  # [K] detached Σ over masked positions of the soft cross-entropy
+    correct: torch.Tensor  # [K] loss-masked positions where d2t(argmax draft) == argmax target
+    count: torch.Tensor  # [K] loss-masked positions (accuracy denominator)
+
+
+def loss_mask_counts(loss_mask: torch.Tensor, steps: int) -> torch.Tensor:
+    """Loss-masked positions per TTT step ([K] float64), from the mask alone (known before any forward)."""
+    m = loss_mask.to(torch.bool)
+    return torch.stack([shift_left(m, 2 + k, False).sum() for k in range(steps)]).to(torch.float64)
+
+
+def ttt_forward(
+    model: Eagle3Draft,
+    aux: torch.Tensor,
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    target_p: torch.Tensor,
+    target_top: torch.Tensor,
+    *,
+    steps: int = 7,
+    step_weight: float = 0.8,
+    denominators: torch.Tensor | None = None,
+    attn_impl: str = "eager",
+    return_logits: bool = False,
+) -> TTTOutput | tuple[TTTOutput, list[torch.Tensor]]:
+    """Unroll the draft ``steps`` times over a right-padded batch (see the module docstring for alignment).
+
+    ``target_p``/``target_top`` are ``target_distribution`` of the *unshifted* sequence; this function
+    applies the per-step shifts. Right padding needs no attention mask: causal and diagonal keys of a
+    real position are never padding.
+    """
+    if steps < 1:
+        raise ValueError("steps must be >= 1")
+    b, t = input_ids.shape
+    lm = loss_mask.to(torch.bool)
+    n = target_p.shape[-1]
+    tp = torch.cat([target_p, target_p.new_zeros(b, steps, n)], dim=1)
+    top = torch.cat([target_top, target_top.new_zeros(b, steps)], dim=1)
+    counts = loss_mask_counts(lm, steps).to(target_p.device)
+    denom = counts.clamp_min(1.0) if denominators is None else denominators.to(target_p.device)
+
+    hidden = model.project(aux)
+    attend = TTTAttention(attn_impl)
+    base = torch.arange(t, device=input_ids.device)
+    total = hidden.new_zeros((), dtype=torch.float32)
+    loss_sums, corrects, all_logits = [], [], []
+    for k in range(steps):
+        ids_k = shift_left(input_ids, 1 + k)
+        hidden, logits = model.step(hidden, ids_k, base + k, attend)
+        tp_k, top_k = tp[:, 1 + k : 1 + k + t], top[:, 1 + k : 1 + k + t]
+        lm_k = shift_left(lm, 2 + k, False)
+        weight = lm_k & model.t2d[top_k]
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        ce = -(tp_k * logp).sum(-1)
+        s = (ce * weight).sum()
+        total = total + (step_weight**k) * s / denom[k]
+        with torch.no_grad():
+            pred = model.to_target_ids(logits.argmax(-1))
+            corrects.append(((pred == top_k) & lm_k).sum())
+            loss_sums.append(s.detach())
+        if return_logits:
+            all_logits.append(logits)
+    out = TTTOutput(
+        loss=total,
+        loss_sum=torch.stack(loss_sums).to(torch.float64),
+        correct=torch.stack(corrects).to(torch.float64),
+        count=counts,
+    )
+    return (out, all_logits) if return_logits else out
+
+
+def ttt_loss(
+    model: Eagle3Draft,
+    batch: dict[str, torch.Tensor],
+    target_head: TargetHead,
+    *,
+    steps: int = 7,
+    step_weight: float = 0.8,
+    denominators: torch.Tensor | None = None,
+    attn_impl: str = "eager",
+) -> TTTOutput:
+    """``ttt_forward`` on a collated batch {input_ids, loss_mask, aux, last}, target logits from ``target_head``."""
+    target_p, target_top = target_distribution(batch["last"], target_head, model.used_ids())
+    result = ttt_forward(
+        model,
+        batch["aux"],
+        batch["input_ids"],
+        batch["loss_mask"],
+        target_p,
+        target_top,
+        steps=steps,
+        step_weight=step_weight,
+        denominators=denominators,
+        attn_impl=attn_impl,
+    )
+    assert isinstance(result, TTTOutput)
+    return result
+
+
+def step_accuracies(correct: Sequence[float], count: Sequence[float]) -> list[float]:
+    return [float(c) / float(n) if float(n) > 0 else 0.0 for c, n in zip(correct, count, strict=True)]
+
+
+def simulated_acceptance(acc: Sequence[float]) -> float:
+    """Σ_k Π_{j≤k} acc_j: expected accepted draft tokens per round if step accuracies were independent.
+
+    The acceptance length τ (tokens per target forward) is one more than this (the bonus token).
+    """
+    total, prod = 0.0, 1.0
+    for a in acc:
+        prod *= float(a)
+        total += prod
+    return total

@@ -1,0 +1,83 @@
+"""Tiny models and data for the draft tests (small vocabularies: every test must run in seconds on 2 cores)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from eagle_assets.draft.model import Eagle3Config, Eagle3Draft
+
+TINY_VOCAB = 512
+TINY_LAYERS = 4
+TINY_AUX = (1, 2, 3)  # HF output_hidden_states indices; the default [2, N//2, N-3] needs N >= 7
+
+
+def tiny_llama(seed: int = 0, vocab: int = TINY_VOCAB, hidden: int = 64, layers: int = TINY_LAYERS) -> LlamaForCausalLM:
+    """Random Llama with an LM-like output distribution (same recipe as eagle_assets/target/tiny.py).
+
+    HF's default init gives near-flat logits, which makes greedy outputs and acceptance meaningless:
+    embeddings std 1, projections 0.3/sqrt(fan_in), lm_head std 6/sqrt(H).
+    """
+    cfg = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
+        pad_token_id=None,
+        bos_token_id=None,
+        eos_token_id=None,
+    )
+    model = LlamaForCausalLM(cfg)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            elif name.endswith("embed_tokens.weight"):
+                p.copy_(torch.randn(p.shape, generator=gen))
+            elif name.endswith("lm_head.weight"):
+                p.copy_(torch.randn(p.shape, generator=gen) * (6.0 / math.sqrt(hidden)))
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen) * (0.3 / math.sqrt(p.shape[1])))
+    return model.eval()
+
+
+def draft_for(target: LlamaForCausalLM, draft_vocab: int = 256, seed: int = 0, **overrides) -> Eagle3Draft:
+    cfg = Eagle3Config.from_target(target.config, draft_vocab, TINY_AUX, **overrides)
+    torch.manual_seed(seed)
+    return Eagle3Draft(cfg, target.get_input_embeddings().weight.detach().clone())
+
+
+def small_config(**overrides) -> Eagle3Config:
+    values = dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=8,
+        target_vocab_size=128,
+        draft_vocab_size=64,
+        aux_layer_ids=(1, 2, 3),
+    )
+    values.update(overrides)
+    return Eagle3Config(**values)
+
+
+@torch.no_grad()
+def batch_greedy(model: LlamaForCausalLM, prompts: torch.Tensor, new_tokens: int) -> torch.Tensor:
+    """Greedy continuation of equal-length prompts in one batch (no EOS): [B, P + new_tokens]."""
+    out = model.generate(
+        prompts,
+        attention_mask=torch.ones_like(prompts),
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        do_sample=False,
+        pad_token_id=0,
+    )
+    return out

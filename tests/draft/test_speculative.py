@@ -1,0 +1,67 @@
+import pytest
+import torch
+
+from eagle_assets.draft.data import TokenDataset
+from eagle_assets.draft.speculative import evaluate_acceptance, speculative_generate
+from eagle_assets.draft.target import HFTargetFeatures, hf_target_head
+from eagle_assets.draft.train import TrainConfig, Trainer
+from eagle_assets.draft.vocab import vocab_from_samples
+from eagle_assets.target.tiny import generate_greedy
+from tests.draft.helpers import TINY_AUX, TINY_VOCAB, batch_greedy, draft_for, tiny_llama
+
+PROMPT, NEW = 6, 26
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama(seed=0)
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return torch.randint(0, TINY_VOCAB, (52, PROMPT), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.fixture(scope="module")
+def trained(target, prompts):
+    """A draft trained online (features from the target) on the target's own greedy continuations."""
+    seqs = batch_greedy(target, prompts[:48], NEW)
+    rows = [{"input_ids": s, "loss_mask": torch.arange(PROMPT + NEW) >= PROMPT} for s in seqs]
+    data = TokenDataset(rows)
+    draft = draft_for(target, draft_vocab=256)
+    draft.set_vocab(vocab_from_samples(data, TINY_VOCAB, 256))
+    cfg = TrainConfig(lr=3e-3, batch_size=8, max_steps=150, epochs=100, ttt_steps=4, warmup_ratio=0.05)
+    Trainer(draft, data, hf_target_head(target), cfg, features=HFTargetFeatures(target, TINY_AUX)).train()
+    return draft.eval()
+
+
+def test_untrained_draft_output_equals_greedy(target, prompts):
+    draft = draft_for(target).eval()
+    for p in prompts[48:50]:
+        r = speculative_generate(target, draft, p, 20, num_draft_tokens=3)
+        assert r.tokens == generate_greedy(target, p, 20, eos_id=None)
+        assert r.tau >= 1.0 and r.rounds >= 1
+
+
+@pytest.mark.slow
+def test_trained_draft_output_equals_greedy_and_beats_untrained(target, prompts, trained):
+    held_out = prompts[48:].tolist()
+    for k in (1, 3, 5):
+        for p in held_out[:2]:
+            r = speculative_generate(target, trained, p, 24, num_draft_tokens=k)
+            assert r.tokens == generate_greedy(target, p, 24, eos_id=None)
+            assert len(r.position_accept_rate) == k and all(0.0 <= a <= 1.0 for a in r.position_accept_rate)
+    base = evaluate_acceptance(target, draft_for(target), held_out, 24, num_draft_tokens=3)
+    good = evaluate_acceptance(target, trained, held_out, 24, num_draft_tokens=3)
+    assert base.tau < 1.2
+    assert good.tau > base.tau + 0.8, (good.tau, good.position_accept_rate)
+    assert 1.0 <= good.tokens_per_target_forward <= good.tau
+
+
+def test_stops_at_eos_like_greedy(target, prompts, trained):
+    p = prompts[50]
+    ref = generate_greedy(target, p, 24, eos_id=None)
+    eos = ref[9]  # pretend the 10th generated token ends the turn
+    r = speculative_generate(target, trained, p, 24, num_draft_tokens=3, eos_id=eos)
+    assert r.tokens == generate_greedy(target, p, 24, eos_id=eos)
+    assert r.tokens[-1] == eos
