@@ -24,9 +24,13 @@ def simulator_base_url() -> str:
 def openrouter_from_env() -> OpenRouterResource:
     target = os.environ.get("EAGLE_FORGE_TARGET", "simulator").strip().lower()
     budget = float(os.environ.get("EAGLE_FORGE_BUDGET_USD", "100"))
+    key_file = os.environ.get("EAGLE_FORGE_KEY_FILE")
     if target == "simulator":
+        # A real key in /tmp/or-key.txt has no business going to the simulator: only an explicit file is read.
         return OpenRouterResource(
             base_url=simulator_base_url(),
+            api_key_file=key_file or "",
+            api_key_env="EAGLE_FORGE_SIM_KEY",
             start_embedded_simulator=True,
             budget_usd=budget,
             max_tokens=int(os.environ.get("EAGLE_FORGE_MAX_TOKENS", "1024")),
@@ -34,5 +38,5 @@ def openrouter_from_env() -> OpenRouterResource:
             key_poll_interval_s=2.0,
         )
     if target == "openrouter":
-        return OpenRouterResource(budget_usd=budget)
+        return OpenRouterResource(budget_usd=budget, **({"api_key_file": key_file} if key_file else {}))
     raise TargetConfigError(f"EAGLE_FORGE_TARGET must be 'simulator' or 'openrouter', got {target!r}")

@@ -69,7 +69,7 @@ def test_materialize_partitions_with_metadata_and_budget_resume(tmp_path, forge_
             [asset], partition_key="0000", instance=instance, resources={"openrouter": poor}, raise_on_error=False
         )
         assert not result.success
-        failure = [e for e in result.all_events if e.is_step_failure][0]
+        failure = next(e for e in result.all_events if e.is_step_failure)
         text = failure.step_failure_data.error.message + str(failure.step_failure_data.user_failure_data)
         assert "budget exhausted" in text and "of 60 prompts done, resumable" in text
         done_before = len(read_records(forge_home / "journal" / "K1" / "0000.journal"))

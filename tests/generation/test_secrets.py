@@ -1,0 +1,127 @@
+"""The API key never leaks: not into the Dagster event log or storage, files the project writes,
+captured logs, nor exception texts; and a key file readable by others is warned about."""
+
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import orjson
+import pytest
+
+from eagle_assets.settings import REPO_ROOT, tokenizer_dir
+from resources.openrouter.secret import ApiKey, MissingApiKeyError, check_key_file_permissions, load_api_key
+from resources.simulator.config import LatencyConfig, SimulatorConfig
+from resources.simulator.control import spawn_simulator_process
+
+CANARY = "sk-or-v1-CANARY7f3a9e21d4c8b6"
+
+
+def files_containing(root: Path, needle: bytes) -> list[Path]:
+    hits = []
+    for p in root.rglob("*"):
+        if p.is_file():
+            try:
+                if needle in p.read_bytes():
+                    hits.append(p)
+            except OSError:
+                pass
+    return hits
+
+
+def test_api_key_repr_and_missing_key_message(tmp_path, monkeypatch):
+    k = ApiKey(CANARY)
+    assert CANARY not in repr(k) and CANARY not in str(k) and CANARY not in f"{k}"
+    monkeypatch.delenv("EAGLE_TEST_NO_KEY", raising=False)
+    with pytest.raises(MissingApiKeyError, match="looked in file .*missing.txt or \\$EAGLE_TEST_NO_KEY"):
+        load_api_key(str(tmp_path / "missing.txt"), "EAGLE_TEST_NO_KEY")
+    monkeypatch.setenv("EAGLE_TEST_KEY", CANARY)
+    assert load_api_key(str(tmp_path / "missing.txt"), "EAGLE_TEST_KEY").reveal() == CANARY
+
+
+def test_key_file_permissions_are_checked(tmp_path):
+    f = tmp_path / "key.txt"
+    f.write_text(CANARY + "\n")
+    f.chmod(0o644)
+    assert "readable by other users" in check_key_file_permissions(f)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert load_api_key(str(f), None).reveal() == CANARY
+    assert any("chmod 600" in str(w.message) for w in caught)
+    assert all(CANARY not in str(w.message) for w in caught)
+    f.chmod(0o600)
+    assert check_key_file_permissions(f) is None
+
+
+@pytest.mark.parametrize("accepted", ["same", "other"])
+def test_full_materialization_leaves_no_trace_of_the_key(tmp_path, accepted):
+    home, dagster_home = tmp_path / "home", tmp_path / "dh"
+    dagster_home.mkdir()
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_bytes(
+        b"".join(
+            orjson.dumps({"id": f"q{i}", "messages": [{"role": "user", "content": f"hi {i}"}]}) + b"\n"
+            for i in range(30)
+        )
+    )
+    datasets = tmp_path / "datasets.yaml"
+    datasets.write_text(f"datasets:\n  S1: {{path: {prompts}, shard_size: 30}}\n")
+    key_file = tmp_path / "or-key.txt"
+    key_file.write_text(CANARY)
+    key_file.chmod(0o644)  # deliberately too open: the run must warn, without printing the key
+    keys = frozenset({CANARY if accepted == "same" else "sk-or-v1-somebody-else"})
+    sim = spawn_simulator_process(
+        SimulatorConfig(
+            latency=LatencyConfig.fixed(0.005),
+            accepted_keys=keys,
+            tokenizer_dir=tokenizer_dir(),
+            state_file=home / "sim.json",
+        )
+    )
+    port = sim.base_url.split(":")[2].split("/")[0]
+    env = {
+        **os.environ,
+        "EAGLE_FORGE_HOME": str(home),
+        "EAGLE_FORGE_DATASETS": str(datasets),
+        "EAGLE_FORGE_SIM_PORT": port,
+        "DAGSTER_HOME": str(dagster_home),
+        "PYTHONPATH": str(REPO_ROOT),
+        "EAGLE_FORGE_KEY_FILE": str(key_file),
+        "OPENROUTER_API_KEY": CANARY,
+    }
+    try:
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "dagster",
+                "asset",
+                "materialize",
+                "-m",
+                "eagle_assets.definitions",
+                "--select",
+                "generated/S1",
+                "--partition",
+                "0000",
+            ],
+            env=env,
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+    finally:
+        sim.terminate()
+    captured = out.stdout + out.stderr
+    if accepted == "same":
+        assert out.returncode == 0, captured[-3000:]
+        assert "readable by other users" in captured
+    else:
+        assert out.returncode != 0 and "401" in captured
+    assert CANARY not in captured
+    needle = CANARY.encode()
+    assert files_containing(dagster_home, needle) == []
+    leaked = [p for p in files_containing(home, needle) if p != home / "sim.json"]
+    assert leaked == []
+    assert (home / "journal" / "S1").exists() or accepted == "other"
