@@ -34,7 +34,7 @@ def test_api_key_repr_and_missing_key_message(tmp_path, monkeypatch):
     k = ApiKey(CANARY)
     assert CANARY not in repr(k) and CANARY not in str(k) and CANARY not in f"{k}"
     monkeypatch.delenv("EAGLE_TEST_NO_KEY", raising=False)
-    with pytest.raises(MissingApiKeyError, match="looked in file .*missing.txt or \\$EAGLE_TEST_NO_KEY"):
+    with pytest.raises(MissingApiKeyError, match=r"looked in file .*missing.txt or \$EAGLE_TEST_NO_KEY"):
         load_api_key(str(tmp_path / "missing.txt"), "EAGLE_TEST_NO_KEY")
     monkeypatch.setenv("EAGLE_TEST_KEY", CANARY)
     assert load_api_key(str(tmp_path / "missing.txt"), "EAGLE_TEST_KEY").reveal() == CANARY
