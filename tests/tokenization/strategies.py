@@ -1,0 +1,220 @@
+"""Hypothesis strategies for chats and generated records, shared by the tokenization tests.
+
+Text is built from fragments chosen to stress BPE and the template: whitespace runs, leading and
+trailing newlines, CJK, emoji, code, digits, contractions, partial special-token text (``<|im_``),
+and, when ``specials=True``, whole special-token strings that must stay ordinary text.
+"""
+
+import json
+import re
+from typing import Any
+
+from hypothesis import strategies as st
+
+SPECIAL_LOOKING = (
+    "<|im_end|>",
+    "</think>",
+    "<think>",
+    "<|im_start|>",
+    "<|im_middle|>",
+    "<|im_assistant|>",
+    "<|tool_calls_section_begin|>",
+    "<|tool_call_begin|>",
+    "<|tool_call_argument_begin|>",
+    "<|tool_call_end|>",
+    "<|tool_calls_section_end|>",
+    "[EOS]",
+    "[PAD]",
+    "<|reserved_token_163700|>",
+)
+PLAIN_FRAGMENTS = (
+    "\n",
+    "\n\n",
+    "\r\n",
+    " ",
+    "   ",
+    "\t",
+    " \n ",
+    "Hello",
+    " world",
+    "it's",
+    "I'LL",
+    "123456",
+    "3.14",
+    "你好，世界！",
+    "日本語のテキスト",
+    "😀",
+    "👍🏽",
+    "🇫🇷",
+    "é",
+    "e\u0301",
+    "def f(x):\n    return x + 1\n",
+    "```python\n",
+    '{"a": [1, 2]}',
+    "<b>bold</b>",
+    "<|im_",
+    "end|>",
+    "|>",
+    "<|",
+    "[",
+    "]",
+    "<",
+    ">",
+    "think>",
+    "## Return of ",
+    "functions.get_weather:0",
+)
+
+_chars = st.characters(codec="utf-8", exclude_categories=("Cs",))
+
+
+def texts(specials: bool = False, max_parts: int = 8) -> st.SearchStrategy[str]:
+    parts = [st.text(_chars, max_size=12), st.sampled_from(PLAIN_FRAGMENTS)]
+    if specials:
+        parts.append(st.sampled_from(SPECIAL_LOOKING))
+    return st.lists(st.one_of(*parts), max_size=max_parts).map("".join)
+
+
+def _names() -> st.SearchStrategy[str]:
+    return st.sampled_from(["get_weather", "search", "run_code", "読む", "calc_v2"])
+
+
+def tools_strategy(specials: bool = False) -> st.SearchStrategy[list[dict[str, Any]] | None]:
+    tool = st.builds(
+        lambda name, desc, pdesc: {
+            "type": "function",
+            "function": {
+                "name": name,
+                "description": desc,
+                "parameters": {
+                    "type": "object",
+                    "properties": {"query": {"type": "string", "description": pdesc}},
+                    "required": ["query"],
+                },
+            },
+        },
+        _names(),
+        texts(specials, 4),
+        texts(specials, 3),
+    )
+    return st.one_of(st.none(), st.lists(tool, min_size=1, max_size=2))
+
+
+def arguments(specials: bool = False) -> st.SearchStrategy[Any]:
+    as_dict = st.builds(lambda q, n: {"query": q, "n": n, "ok": True}, texts(specials, 3), st.integers(-5, 10**6))
+    # Providers return a JSON string; some return a dict (rendered by the template's tojson).
+    return st.one_of(as_dict.map(lambda d: json.dumps(d, ensure_ascii=False)), as_dict, texts(specials, 3))
+
+
+@st.composite
+def tool_calls(draw: st.DrawFn, start_index: int, specials: bool = False, native_ids: bool = True) -> list[dict]:
+    n = draw(st.integers(1, 3))
+    calls = []
+    for i in range(n):
+        name = draw(_names())
+        native = native_ids or draw(st.booleans())
+        call_id = f"functions.{name}:{start_index + i}" if native else f"call_{draw(st.integers(0, 10**9))}"
+        calls.append(
+            {"id": call_id, "type": "function", "function": {"name": name, "arguments": draw(arguments(specials))}}
+        )
+    return calls
+
+
+def user_content(specials: bool = False) -> st.SearchStrategy[Any]:
+    """Plain text, or OpenAI content parts (text, and an image the template renders as media markers)."""
+    part = st.one_of(
+        texts(specials).map(lambda t: {"type": "text", "text": t}),
+        st.just({"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}),
+    )
+    return st.one_of(texts(specials), st.lists(part, min_size=1, max_size=3))
+
+
+@st.composite
+def prompts(draw: st.DrawFn, specials: bool = False) -> list[dict[str, Any]]:
+    """A prompt ending where the assistant speaks next (after a user or tool message).
+
+    History assistant turns carry reasoning only after the last plain assistant turn, where the
+    template keeps it whether or not ``preserve_thinking`` is set.
+    """
+    messages: list[dict[str, Any]] = []
+    if draw(st.booleans()):
+        messages.append({"role": "system", "content": draw(texts(specials))})
+    n_calls = 0
+    for _ in range(draw(st.integers(0, 2))):
+        user: dict[str, Any] = {"role": "user", "content": draw(user_content(specials))}
+        if draw(st.integers(0, 4)) == 0:
+            user["name"] = draw(st.sampled_from(["alice", "bob_2"]))
+        messages.append(user)
+        assistant: dict[str, Any] = {"role": "assistant", "content": draw(st.one_of(st.none(), texts(specials)))}
+        if draw(st.booleans()):
+            calls = draw(tool_calls(n_calls, specials))
+            n_calls += len(calls)
+            assistant["tool_calls"] = calls
+            if draw(st.booleans()):
+                assistant["reasoning_content"] = draw(texts(specials))
+            messages.append(assistant)
+            for call in calls:
+                messages.append({"role": "tool", "tool_call_id": call["id"], "content": draw(texts(specials))})
+            if draw(st.booleans()):
+                messages.append({"role": "assistant", "content": draw(texts(specials))})
+        else:
+            messages.append(assistant)
+    if not messages or messages[-1]["role"] != "tool" or draw(st.booleans()):
+        messages.append({"role": "user", "content": draw(texts(specials))})
+    last_plain = max(
+        (i for i, m in enumerate(messages) if m["role"] == "assistant" and not m.get("tool_calls")), default=-1
+    )
+    for m in messages[: last_plain + 1]:
+        m.pop("reasoning_content", None)
+    return messages
+
+
+@st.composite
+def records(
+    draw: st.DrawFn, specials: bool = False, native_ids: bool = True, finish: tuple[str, ...] = ("stop", "tool_calls")
+) -> dict[str, Any]:
+    messages = draw(prompts(specials))
+    prior = sum(len(m.get("tool_calls") or []) for m in messages if m["role"] == "assistant")
+    calls = draw(st.one_of(st.none(), tool_calls(prior, specials, native_ids)))
+    content = draw(st.one_of(st.none(), texts(specials)))
+    if content and not calls:
+        # Tool-call markup in content means "unparsed tool calls"; that path has its own tests.
+        content = _TOOL_MARKUP.sub("x", content)
+    return {
+        "messages": messages,
+        "tools": draw(tools_strategy(specials)),
+        "reasoning": draw(st.one_of(st.none(), texts(specials))),
+        "content": content,
+        "tool_calls": calls,
+        "finish_reason": draw(st.sampled_from(finish)),
+    }
+
+
+_TOOL_MARKUP = re.compile(r"<\|tool_calls?_(?:section_)?(?:begin|end)\|>|<\|tool_call_argument_begin\|>")
+
+
+def strip_specials(obj: Any, pattern: re.Pattern[str]) -> Any:
+    """The same data with every special-token string defused (for comparing special-id layouts)."""
+    if isinstance(obj, str):
+        while pattern.search(obj):
+            obj = pattern.sub("x", obj)
+        return obj
+    if isinstance(obj, dict):
+        return {k: strip_specials(v, pattern) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [strip_specials(v, pattern) for v in obj]
+    return obj
+
+
+def special_pattern(tok: Any) -> re.Pattern[str]:
+    return re.compile("|".join(map(re.escape, sorted(tok.special_tokens, key=len, reverse=True))))
+
+
+def has_special_text(obj: Any, pattern: re.Pattern[str]) -> bool:
+    if isinstance(obj, str):
+        return pattern.search(obj) is not None
+    if isinstance(obj, dict):
+        return any(has_special_text(v, pattern) or has_special_text(k, pattern) for k, v in obj.items())
+    if isinstance(obj, list):
+        return any(has_special_text(v, pattern) for v in obj)
+    return False

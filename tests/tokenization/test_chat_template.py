@@ -1,0 +1,122 @@
+"""The renderer matches transformers' own ``render_jinja_template`` and the documented template quirks."""
+
+import json
+
+import jinja2
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from transformers.utils.chat_template_utils import render_jinja_template
+
+from eagle_assets.tokenization.chat_template import compile_template, normalize_messages, render_chat
+from tests.tokenization.strategies import prompts, records, tools_strategy
+
+SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def hf_render(template, messages, tools=None, add_generation_prompt=False, **kwargs):
+    # transformers normalises messages in apply_chat_template before rendering; mirror that call order.
+    from transformers.tokenization_utils_base import _normalize_chat_messages
+
+    rendered, _ = render_jinja_template(
+        conversations=[_normalize_chat_messages(messages)],
+        tools=tools,
+        chat_template=template,
+        add_generation_prompt=add_generation_prompt,
+        **kwargs,
+    )
+    return rendered[0]
+
+
+@SETTINGS
+@given(messages=prompts(specials=True), tools=tools_strategy(specials=True), gen=st.booleans(), keep=st.booleans())
+def test_matches_transformers_renderer(tok, messages, tools, gen, keep):
+    ours = render_chat(tok.chat_template, messages, tools, add_generation_prompt=gen, preserve_thinking=keep)
+    assert ours == hf_render(tok.chat_template, messages, tools, add_generation_prompt=gen, preserve_thinking=keep)
+
+
+@settings(max_examples=60, deadline=None)
+@given(record=records(specials=True))
+def test_matches_transformers_renderer_with_final_assistant(tok, record):
+    final = {"role": "assistant", "content": record["content"], "reasoning_content": record["reasoning"]}
+    if record["tool_calls"]:
+        final["tool_calls"] = record["tool_calls"]
+    messages = [*record["messages"], final]
+    for kwargs in ({}, {"preserve_thinking": True}, {"thinking": False}):
+        ours = render_chat(tok.chat_template, messages, record["tools"], **kwargs)
+        assert ours == hf_render(tok.chat_template, messages, record["tools"], **kwargs)
+
+
+def test_tojson_keeps_order_and_unicode_and_accepts_options():
+    t = (
+        "{{ x | tojson }}|{{ x | tojson(separators=(',', ':')) }}|"
+        "{{ x | tojson(indent=2) }}|{{ x | tojson(sort_keys=true) }}"
+    )
+    x = {"b": "天气 <é>", "a": [1, None]}
+    out = render_chat(t, [], x=x).split("|")
+    assert out[0] == json.dumps(x, ensure_ascii=False)
+    assert out[1] == '{"b":"天气 <é>","a":[1,null]}'
+    assert out[2] == json.dumps(x, ensure_ascii=False, indent=2)
+    assert out[3] == json.dumps(x, ensure_ascii=False, sort_keys=True)
+
+
+def test_environment_features():
+    t = "{% for m in messages %}{% if loop.index > 1 %}{% break %}{% endif %}{{ m.content }}{% endfor %}"
+    assert render_chat(t, [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]) == "a"
+    with pytest.raises(jinja2.exceptions.TemplateError, match="nope"):
+        render_chat("{{ raise_exception('nope') }}", [])
+    with pytest.raises(jinja2.exceptions.SecurityError):
+        render_chat("{{ messages.append(1) }}", [])
+    # trim_blocks + lstrip_blocks: block lines leave no newline/indent behind.
+    assert render_chat("  {% if true %}\nX\n  {% endif %}\n", []) == "X\n"
+
+
+def test_compiles_once():
+    template = "{{ messages | length }}"
+    compile_template.cache_clear()
+    for _ in range(3):
+        render_chat(template, [{"role": "user", "content": "x"}])
+    info = compile_template.cache_info()
+    assert info.misses == 1 and info.hits == 2
+
+
+def test_none_values_are_dropped_and_reasoning_aliased():
+    msgs = normalize_messages([{"role": "assistant", "content": None, "reasoning": "r", "tool_calls": None}])
+    assert msgs == [{"thinking": "r", "role": "assistant", "reasoning": "r", "reasoning_content": "r"}]
+
+
+def test_kimi_quirks(tok):
+    t = tok.chat_template
+    # ``{{ c }}`` is emitted verbatim: surrounding whitespace control never eats the content's own whitespace.
+    content = "\n\n  x  \n\t"
+    out = render_chat(t, [{"role": "user", "content": content}])
+    assert out == f"<|im_user|>user<|im_middle|>{content}<|im_end|>"
+    # The tool turn keeps its literal newline between the id and the content.
+    out = render_chat(t, [{"role": "tool", "tool_call_id": "functions.f:0", "content": "ok"}])
+    assert out == "<|im_system|>tool<|im_middle|>## Return of functions.f:0\nok<|im_end|>"
+    # ``name`` replaces the role in the header.
+    out = render_chat(t, [{"role": "user", "name": "alice", "content": "hi"}])
+    assert out.startswith("<|im_user|>alice<|im_middle|>")
+    # Reasoning of a finished history turn is dropped unless preserve_thinking.
+    convo = [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "a", "reasoning_content": "r"},
+        {"role": "user", "content": "q2"},
+    ]
+    assert "<think></think>a" in render_chat(t, convo)
+    assert "<think>r</think>a" in render_chat(t, convo, preserve_thinking=True)
+    # Without HF's None-dropping the template would print the literal "None".
+    none_reasoning = [{"role": "assistant", "content": "a", "reasoning_content": None}]
+    raw = compile_template(t).render(messages=none_reasoning, preserve_thinking=True)
+    assert "<think>None</think>" in raw
+    assert "<think></think>a" in render_chat(t, none_reasoning, preserve_thinking=True)
+    # Generation prompt, with and without thinking; tools are declared compactly, in key order.
+    assert render_chat(t, [], add_generation_prompt=True) == "<|im_assistant|>assistant<|im_middle|><think>"
+    assert render_chat(t, [], add_generation_prompt=True, thinking=False).endswith("<think></think>")
+    tools = [{"type": "function", "function": {"name": "f", "description": "天气"}}]
+    assert render_chat(t, [], tools).startswith(
+        '<|im_system|>tool_declare<|im_middle|>[{"type":"function","function":{"name":"f","description":"天气"}}]'
+    )
+    # An empty tool_calls list renders no section.
+    out = render_chat(t, [{"role": "assistant", "content": "a", "tool_calls": []}])
+    assert "tool_calls_section" not in out
