@@ -1,0 +1,295 @@
+"""Soak: ≥ 20,000 requests through the generation asset at 2000 in flight, mixed faults, SIGKILLs.
+
+Loopback only and bounded in count and time. Each life of the run is a real
+``dagster asset materialize`` process group, killed with SIGKILL at random moments and restarted; a
+final life runs to completion. Then a 429-storm phase measures goodput against the simulator's
+admitted rate. Prints: records lost, duplicated, spend against budget, output tokens against the
+token budget, requests re-bought because they were in flight at a kill, goodput under the storm.
+
+    python benchmarks/soak.py                       # 20,000 prompts, 5 kills
+    python benchmarks/soak.py --prompts 3000 --kills 2 --concurrency 500
+"""
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from eagle_assets.generation.journal import scan  # noqa: E402
+from eagle_assets.generation.ledger import BudgetLedger  # noqa: E402
+from eagle_assets.settings import tokenizer_dir  # noqa: E402
+from resources.simulator.config import LatencyConfig, SimulatorConfig  # noqa: E402
+from resources.simulator.control import spawn_simulator_process  # noqa: E402
+from resources.simulator.faults import FaultConfig  # noqa: E402
+
+MIXED_FAULTS = {
+    "rate_limit": 0.03,
+    "rate_limit_no_retry_after": 0.02,
+    "server_error": 0.02,
+    "drop_connection": 0.01,
+    "stall": 0.002,
+    "error_body": 0.01,
+    "finish_error": 0.01,
+    "truncated_json": 0.01,
+    "disallowed_provider": 0.01,
+    "inflight_402": 0.005,
+    "whitespace_padding": 0.1,
+    "retry_after_s": 0.5,
+    "stall_seconds": 30.0,
+}
+
+
+@dataclass
+class SoakConfig:
+    prompts: int = 20_000
+    kills: int = 5
+    concurrency: int = 2000
+    latency_median_s: float = 0.6
+    budget_usd: float = 100.0
+    token_budget: int = 10_000_000
+    max_tokens: int = 256
+    request_timeout_s: float = 10.0
+    storm_prompts: int = 3000
+    storm_rate_per_s: float = 250.0
+    seed: int = 0
+    time_limit_s: float = 1500.0
+    faults: dict[str, float] = field(default_factory=lambda: dict(MIXED_FAULTS))
+
+
+def _write_prompts(path: Path, n: int, tag: str) -> None:
+    with path.open("wb") as f:
+        for i in range(n):
+            f.write(
+                orjson.dumps(
+                    {
+                        "id": f"{tag}{i:06d}",
+                        "messages": [
+                            {
+                                "role": "user",
+                                "content": f"Soak prompt {tag} {i}: explain topic {i % 97} in a few lines.",
+                            }
+                        ],
+                    }
+                )
+                + b"\n"
+            )
+
+
+def _journal_lines(path: Path) -> int:
+    try:
+        return path.read_bytes().count(b"\n")
+    except FileNotFoundError:
+        return 0
+
+
+def _abandoned(sim: Any) -> int:
+    return int(sim.stats(0)["by_outcome"].get("abandoned", 0))
+
+
+def run_soak(cfg: SoakConfig, work: Path, log=print) -> dict[str, Any]:
+    start = time.monotonic()
+    home, dh = work / "home", work / "dagster_home"
+    dh.mkdir(parents=True, exist_ok=True)
+    _write_prompts(work / "soak.jsonl", cfg.prompts, "s")
+    _write_prompts(work / "storm.jsonl", cfg.storm_prompts, "t")
+    (work / "datasets.yaml").write_text(
+        "datasets:\n"
+        f"  SOAK: {{path: {work / 'soak.jsonl'}, shard_size: {cfg.prompts}, output_token_budget: {cfg.token_budget}}}\n"
+        f"  STORM: {{path: {work / 'storm.jsonl'}, shard_size: {cfg.storm_prompts}}}\n"
+    )
+    sim = spawn_simulator_process(
+        SimulatorConfig(
+            latency=LatencyConfig.lognormal(cfg.latency_median_s, 0.5, max_s=5.0),
+            credits=10_000.0,
+            seed=cfg.seed,
+            faults=FaultConfig(**cfg.faults),
+            state_file=work / "sim-state.json",
+            mean_completion_tokens=120,
+            tokenizer_dir=tokenizer_dir(),
+        )
+    )
+    port = sim.base_url.split(":")[2].split("/")[0]
+    env = {
+        **os.environ,
+        "EAGLE_FORGE_HOME": str(home),
+        "EAGLE_FORGE_DATASETS": str(work / "datasets.yaml"),
+        "EAGLE_FORGE_SIM_PORT": port,
+        "EAGLE_FORGE_MAX_TOKENS": str(cfg.max_tokens),
+        "EAGLE_FORGE_MAX_IN_FLIGHT": str(cfg.concurrency),
+        "EAGLE_FORGE_BUDGET_USD": str(cfg.budget_usd),
+        "DAGSTER_HOME": str(dh),
+        "PYTHONPATH": str(REPO),
+    }
+
+    def materialize(asset: str) -> subprocess.Popen:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "dagster",
+                "asset",
+                "materialize",
+                "-m",
+                "eagle_assets.definitions",
+                "--select",
+                asset,
+                "--partition",
+                "0000",
+            ],
+            env=env,
+            cwd=REPO,
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=open(work / f"{asset.replace('/', '_')}.log", "ab"),
+        )
+
+    journal = home / "journal" / "SOAK" / "0000.journal"
+    rng = random.Random(cfg.seed)
+    thresholds = sorted(rng.sample(range(int(cfg.prompts * 0.05), int(cfg.prompts * 0.9)), cfg.kills))
+    kills: list[dict[str, Any]] = []
+    seen_ids: set[str] = set()
+    lost = 0
+    try:
+        for threshold in thresholds:
+            proc = materialize("generated/SOAK")
+            while proc.poll() is None and _journal_lines(journal) < threshold:
+                if time.monotonic() - start > cfg.time_limit_s:
+                    raise TimeoutError("soak exceeded its time limit")
+                time.sleep(0.25)
+            before = _abandoned(sim)
+            in_flight = sim.stats(0)["in_flight"]
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            time.sleep(1.5)  # let the simulator notice the dropped connections and bill them
+            records = scan(journal).records
+            ids = {r["prompt_id"] for r in records}
+            lost += len(seen_ids - ids)
+            seen_ids |= ids
+            kills.append(
+                {"at_records": len(ids), "in_flight_at_kill": in_flight, "billed_abandoned": _abandoned(sim) - before}
+            )
+            log(f"kill {len(kills)}: {len(ids)} records journaled, {in_flight} in flight at the simulator")
+        for _ in range(3):  # a final life; a life ending on exhausted retries is simply rerun
+            proc = materialize("generated/SOAK")
+            proc.wait(timeout=max(60.0, cfg.time_limit_s - (time.monotonic() - start)))
+            if proc.returncode == 0:
+                break
+        final_ok = proc.returncode == 0
+        result = scan(journal)
+        ids = [r["prompt_id"] for r in result.records]
+        lost += len(seen_ids - set(ids))
+        led = BudgetLedger(home / "state" / "ledger.sqlite")
+        totals, soak_tokens = led.totals(), led.totals("SOAK").tokens_spent
+        led.close()
+        stats = sim.stats(0)
+        soak_requests = stats["requests_received"]
+
+        # Phase 2: a 429 storm. Goodput = kept responses per second over the admitted rate.
+        storm_recs: list[dict[str, Any]] = []
+        storm_ok, span, goodput = True, float("nan"), float("nan")
+        if cfg.storm_prompts:
+            sim.set_faults(
+                FaultConfig(
+                    admit_rate_per_s=cfg.storm_rate_per_s,
+                    admit_burst=cfg.storm_rate_per_s / 10,
+                    admit_retry_after=True,
+                    retry_after_s=0.5,
+                )
+            )
+            storm = materialize("generated/STORM")
+            storm.wait(timeout=max(60.0, cfg.time_limit_s - (time.monotonic() - start)))
+            storm_ok = storm.returncode == 0
+            storm_recs = scan(home / "journal" / "STORM" / "0000.journal").records
+            if storm_recs:
+                first_start = min(r["at"] - r.get("latency_s", 0.0) for r in storm_recs)
+                span = max(r["at"] for r in storm_recs) - first_start
+                goodput = len(storm_recs) / span / cfg.storm_rate_per_s
+    finally:
+        sim.terminate()
+    return {
+        "config": asdict(cfg),
+        "final_run_ok": final_ok,
+        "prompts": cfg.prompts,
+        "records": len(set(ids)),
+        "records_lost": lost + (cfg.prompts - len(set(ids))),
+        "records_duplicated": len(ids) - len(set(ids)),
+        "torn_bytes_dropped_last_scan": result.dropped_bytes,
+        "requests_sent_to_simulator": soak_requests,
+        "spent_usd": totals.usd_spent,
+        "budget_usd": cfg.budget_usd,
+        "simulator_billed_usd": stats["billed_usd"],
+        "output_tokens": soak_tokens,
+        "token_budget": cfg.token_budget,
+        "kills": kills,
+        "rebought_in_flight_at_kills": sum(k["billed_abandoned"] for k in kills),
+        "storm": {
+            "records": len(storm_recs),
+            "ok": storm_ok,
+            "span_s": span,
+            "admitted_rate_per_s": cfg.storm_rate_per_s,
+            "goodput_fraction": goodput,
+        },
+        "wall_s": time.monotonic() - start,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prompts", type=int, default=20_000)
+    ap.add_argument("--kills", type=int, default=5)
+    ap.add_argument("--concurrency", type=int, default=2000)
+    ap.add_argument("--storm-prompts", type=int, default=3000)
+    ap.add_argument("--storm-rate", type=float, default=250.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", action="store_true", help="print the raw result as JSON")
+    a = ap.parse_args()
+    cfg = SoakConfig(
+        prompts=a.prompts,
+        kills=a.kills,
+        concurrency=a.concurrency,
+        storm_prompts=a.storm_prompts,
+        storm_rate_per_s=a.storm_rate,
+        seed=a.seed,
+    )
+    with tempfile.TemporaryDirectory(prefix="eagle-soak-") as tmp:
+        r = run_soak(cfg, Path(tmp))
+    if a.json:
+        print(json.dumps(r, indent=2))
+    print(
+        f"\nsoak: {r['prompts']:,} prompts, {r['requests_sent_to_simulator']:,} requests, {len(r['kills'])} SIGKILLs,"
+        f" {r['wall_s']:.0f}s wall, final run {'ok' if r['final_run_ok'] else 'FAILED'}"
+    )
+    print(f"  records lost:        {r['records_lost']}   (must be 0)")
+    print(f"  records duplicated:  {r['records_duplicated']}   (must be 0)")
+    print(
+        f"  spend:               ${r['spent_usd']:.4f} of ${r['budget_usd']:.2f} budget"
+        f" (simulator billed ${r['simulator_billed_usd']:.4f})"
+    )
+    print(f"  output tokens:       {r['output_tokens']:,} of {r['token_budget']:,} token budget")
+    print(
+        f"  re-bought at kills:  {r['rebought_in_flight_at_kills']} requests "
+        f"(in flight at each kill: {[k['in_flight_at_kill'] for k in r['kills']]})"
+    )
+    s = r["storm"]
+    print(
+        f"  429 storm goodput:   {100 * s['goodput_fraction']:.1f}% of the admitted"
+        f" {s['admitted_rate_per_s']:.0f} req/s ({s['records']} responses in {s['span_s']:.1f}s)"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+"""Configuration of the simulator: the account, the provider table, latency and faults.
+
+Everything that shapes what the simulator answers lives here as frozen dataclasses, so a test can
+state its scenario in one expression and a running server can be re-pointed (faults) atomically.
+"""
+
+import ipaddress
+import math
+import random
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+
+from eagle_assets.settings import tokenizer_dir
+from resources.simulator.faults import FaultConfig
+
+DEFAULT_TOKENIZER_DIR = tokenizer_dir()  # ../shared/tokenizers/kimi-k2.5 beside the repo, or $EAGLE_FORGE_TOKENIZER
+MODEL_SLUG = "moonshotai/kimi-k2.5"
+MODEL_PERMASLUG = "moonshotai/kimi-k2.5-0127"
+MODEL_NAME = "MoonshotAI: Kimi K2.5"
+
+
+def per_token_string(usd_per_million: float) -> str:
+    """OpenRouter prices are per-token decimal strings; Decimal avoids ``4.4999e-07`` artefacts."""
+    return format(Decimal(repr(usd_per_million)) / Decimal(1_000_000), "f")
+
+
+@dataclass(frozen=True)
+class ProviderEndpoint:
+    """One endpoint of the model as ``/endpoints`` lists it; prices in USD per million tokens."""
+
+    name: str  # display name, what responses put in ``provider``
+    slug: str  # lower-case provider slug, what ``ignore``/``only`` name
+    quantization: str
+    prompt_usd_per_m: float
+    completion_usd_per_m: float
+    context_length: int = 262_144
+    max_completion_tokens: int = 262_144
+    status: int = 0
+    uptime_last_30m: float = 99.5
+
+    @property
+    def tag(self) -> str:
+        return f"{self.slug}/{self.quantization}"
+
+    @property
+    def prompt_price(self) -> float:
+        """USD per prompt token."""
+        return self.prompt_usd_per_m / 1e6
+
+    @property
+    def completion_price(self) -> float:
+        """USD per completion token."""
+        return self.completion_usd_per_m / 1e6
+
+
+DEFAULT_PROVIDERS: tuple[ProviderEndpoint, ...] = (
+    ProviderEndpoint("Moonshot AI", "moonshotai", "int4", 0.60, 2.50),
+    ProviderEndpoint("Chutes", "chutes", "int4", 0.45, 2.00),
+    ProviderEndpoint("SiliconFlow", "siliconflow", "int4", 0.50, 2.20),
+    ProviderEndpoint("Parasail", "parasail", "int4", 0.55, 2.80),
+    ProviderEndpoint("Fireworks", "fireworks", "fp4", 0.40, 1.80),
+    ProviderEndpoint("Baseten", "baseten", "fp4", 0.42, 1.90),
+    ProviderEndpoint("DeepInfra", "deepinfra", "fp4", 0.40, 1.90),
+)
+
+
+@dataclass(frozen=True)
+class LatencyConfig:
+    """Time to answer a request: none, a fixed delay, or a clipped lognormal around a median."""
+
+    fixed_s: float | None = None
+    median_s: float | None = None
+    sigma: float = 0.5
+    min_s: float = 0.0
+    max_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if self.fixed_s is not None and self.median_s is not None:
+            raise ValueError("latency is either fixed or lognormal, not both")
+        if (self.fixed_s or 0) < 0 or (self.median_s is not None and self.median_s <= 0) or self.sigma < 0:
+            raise ValueError("latency values must be non-negative (median positive)")
+
+    @classmethod
+    def fixed(cls, seconds: float) -> "LatencyConfig":
+        return cls(fixed_s=seconds)
+
+    @classmethod
+    def lognormal(cls, median_s: float, sigma: float, min_s: float = 0.0, max_s: float = 120.0) -> "LatencyConfig":
+        return cls(median_s=median_s, sigma=sigma, min_s=min_s, max_s=max_s)
+
+    def draw(self, rng: random.Random) -> float:
+        if self.median_s is not None:
+            value = self.median_s * math.exp(rng.gauss(0.0, self.sigma))
+            return min(self.max_s, max(self.min_s, value))
+        return self.fixed_s or 0.0
+
+
+def is_loopback_host(host: str) -> bool:
+    """The simulator must never listen beyond this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class SimulatorConfig:
+    host: str = "127.0.0.1"
+    port: int = 0  # 0 = an ephemeral port
+    seed: int = 0
+    credits: float = 100.0  # the account's initial limit in USD, unless the state file has one
+    state_file: Path | None = None
+    accepted_keys: frozenset[str] | None = None  # None = any non-empty key
+    key_label: str = "sk-or-v1-sim...sim"
+    tokenizer_dir: Path = DEFAULT_TOKENIZER_DIR
+    model_slug: str = MODEL_SLUG
+    model_permaslug: str = MODEL_PERMASLUG
+    providers: tuple[ProviderEndpoint, ...] = DEFAULT_PROVIDERS
+    latency: LatencyConfig = field(default_factory=LatencyConfig)
+    faults: FaultConfig = field(default_factory=FaultConfig)
+    mean_completion_tokens: int = 300
+    tool_call_probability: float = 0.5
+    generation_404_ms: float = 0.0  # /generation answers 404 for this long after completion
+    cache_size: int = 16_384  # prepared responses kept (LRU)
+    max_generations_kept: int = 200_000  # /generation records kept (oldest dropped)
+    backlog: int = 8192
+    state_flush_interval_s: float = 0.25  # billing is written behind, at most this stale
+    stream_chunks: int = 12  # content deltas per streamed part (reasoning, content)
+    processing_comment_interval_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not is_loopback_host(self.host):
+            raise ValueError(f"the simulator only listens on loopback, not {self.host!r}")
+        if self.mean_completion_tokens < 1:
+            raise ValueError("mean_completion_tokens must be >= 1")
+        if not self.providers:
+            raise ValueError("at least one provider endpoint is needed")
