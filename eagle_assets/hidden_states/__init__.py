@@ -1,0 +1,12 @@
+"""Target features for EAGLE-3 training: aux-layer hidden states and the last hidden state, on disk.
+
+- ``layers``: which layers (HF ``output_hidden_states`` indices) and their SGLang / vLLM spellings.
+- ``store``: the sharded safetensors store (atomic, resumable) and its reader ``HiddenStateStore``.
+- ``pipeline``: the backend-independent extraction loop.
+- ``extract_hf``: backend 1, a Hugging Face model in this process.
+- ``extract_sglang``: backend 2, an SGLang engine with tensor parallelism (SGLang optional).
+- ``target_head``: the target's frozen final norm + lm_head, to recompute logits from the store.
+
+Submodules are imported explicitly (``from eagle_assets.hidden_states.store import ...``) so that
+importing the package does not load torch-heavy code.
+"""

@@ -1,0 +1,240 @@
+"""Backend 1: target features from a Hugging Face causal LM, in this process.
+
+For targets that fit one device (the tiny target, 8B-class models on one GPU, any model on CPU for
+tests). Kimi K2.5 needs tensor parallelism: see ``extract_sglang.py``.
+
+What makes it cheaper than ``model(..., output_hidden_states=True)`` in a loop, with equal output
+(``tests/hidden_states/test_extract_hf.py`` compares both, per sample, unpadded):
+
+- **No lm_head.** Only the decoder runs (``model.get_decoder()``); the vocabulary projection is
+  never computed. For a 163,840-token vocabulary that is the dominant cost of a small model and a
+  [batch, seq, 163840] float tensor of memory for any model (10.7 GB in fp32 at 16k tokens).
+- **Hooks, not all hidden states.** Forward pre-hooks on the three chosen decoder layers capture
+  their inputs (HF index i = input of layer i); the last hidden state is the decoder's output. The
+  N+1 hidden-state tuple is never materialised.
+- **Token-budget batches sorted by length** (``pipeline.plan_batches``), right-padded with an
+  attention mask; features are cast to the store dtype on the device before one device→host copy
+  per batch, and written by a background thread while the next batch runs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch
+from torch import nn
+
+from eagle_assets.hidden_states.layers import AuxLayers, resolve_aux_layers
+from eagle_assets.hidden_states.pipeline import ExtractReport, Progress, ShardsInput, run_extraction
+from eagle_assets.hidden_states.store import FEATURES, HiddenStateSample, StoreMeta
+
+
+def pick_device() -> torch.device:
+    """The GPU when there is one (features of big models on CPU are impractical), else the CPU."""
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _decoder(model: nn.Module) -> nn.Module:
+    get = getattr(model, "get_decoder", None)
+    dec = get() if callable(get) else None
+    if dec is None:
+        dec = getattr(model, "model", None) or getattr(model, "transformer", None)
+    if dec is None:
+        raise ValueError(f"cannot find the decoder stack of {type(model).__name__}")
+    return dec
+
+
+def _layers(decoder: nn.Module) -> nn.ModuleList:
+    for name in ("layers", "h", "blocks"):
+        mods = getattr(decoder, name, None)
+        if isinstance(mods, nn.ModuleList):
+            return mods
+    raise ValueError(f"cannot find the decoder layers of {type(decoder).__name__} (tried layers, h, blocks)")
+
+
+def _final_norm(decoder: nn.Module) -> nn.Module:
+    for name in ("norm", "ln_f", "final_layernorm", "final_layer_norm"):
+        mod = getattr(decoder, name, None)
+        if isinstance(mod, nn.Module):
+            return mod
+    raise ValueError(f"cannot find the final norm of {type(decoder).__name__}")
+
+
+def num_decoder_layers(model: nn.Module) -> int:
+    return len(_layers(_decoder(model)))
+
+
+def hidden_size_of(model: nn.Module) -> int:
+    cfg = getattr(model, "config", None)
+    cfg = getattr(cfg, "text_config", None) or cfg
+    return int(cfg.hidden_size)
+
+
+def pad_batch(
+    batch: Sequence[HiddenStateSample], pad_id: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """Right-pad to the longest sample; positions of real tokens stay 0..L-1, as in a lone forward."""
+    lengths = [len(s) for s in batch]
+    longest = max(lengths)
+    ids = torch.full((len(batch), longest), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(batch), longest), dtype=torch.long)
+    for b, s in enumerate(batch):
+        ids[b, : lengths[b]] = torch.as_tensor(list(s.input_ids), dtype=torch.long)
+        mask[b, : lengths[b]] = 1
+    return ids.to(device), mask.to(device), lengths
+
+
+class HFFeatureExtractor:
+    """A ``BatchFn`` over an HF causal LM: batch of samples → per-sample ``aux`` / ``last`` tensors.
+
+    ``capture="hooks"`` is the fast path; ``capture="output_hidden_states"`` asks the decoder for
+    its full hidden-state tuple instead and exists to verify the hooks (same numbers).
+    ``forward_calls`` counts decoder forwards, which is how the resume test proves that finished
+    shards are not recomputed.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        layers: AuxLayers,
+        *,
+        features: Sequence[str] = FEATURES,
+        last_kind: str = "post_norm",
+        out_dtype: torch.dtype = torch.bfloat16,
+        capture: str = "hooks",
+        pad_id: int | None = None,
+    ):
+        if capture not in ("hooks", "output_hidden_states"):
+            raise ValueError("capture must be 'hooks' or 'output_hidden_states'")
+        if capture == "output_hidden_states" and last_kind != "post_norm":
+            raise ValueError("output_hidden_states only exposes the post-norm last hidden state; use hooks")
+        self.model = model.eval()
+        self.decoder = _decoder(model)
+        self.layer_modules = _layers(self.decoder)
+        if layers.num_layers != len(self.layer_modules):
+            raise ValueError(f"aux layers chosen for {layers.num_layers} layers, model has {len(self.layer_modules)}")
+        self.layers = layers
+        self.features = tuple(features)
+        self.last_kind = last_kind
+        self.out_dtype = out_dtype
+        self.capture = capture
+        cfg = getattr(model, "config", None)
+        self.pad_id = int(pad_id if pad_id is not None else (getattr(cfg, "pad_token_id", None) or 0))
+        self.device = next(model.parameters()).device
+        self.forward_calls = 0
+
+    @torch.inference_mode()
+    def forward_features(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Padded batch → ``{"aux": [B, S, n_aux*H], "last": [B, S, H]}`` on the model's device."""
+        self.forward_calls += 1
+        if self.capture == "output_hidden_states":
+            out = self.decoder(
+                input_ids=input_ids, attention_mask=attention_mask, use_cache=False, output_hidden_states=True
+            )
+            hs = out.hidden_states
+            aux = torch.cat([hs[i] for i in self.layers.hf_indices], dim=-1)
+            return {"aux": aux, "last": hs[-1]}
+
+        captured: dict[int | str, torch.Tensor] = {}
+        handles = []
+
+        def grab(key: int | str) -> Callable[..., None]:
+            def hook(_mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+                captured[key] = args[0] if args else kwargs["hidden_states"]
+
+            return hook
+
+        try:
+            for i in sorted(set(self.layers.hf_indices)):
+                handles.append(self.layer_modules[i].register_forward_pre_hook(grab(i), with_kwargs=True))
+            if "last" in self.features and self.last_kind == "pre_norm":
+                handles.append(_final_norm(self.decoder).register_forward_pre_hook(grab("pre_norm"), with_kwargs=True))
+            out = self.decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        finally:
+            for h in handles:
+                h.remove()
+        missing = [i for i in self.layers.hf_indices if i not in captured]
+        if missing:
+            raise RuntimeError(f"layers {missing} never ran: is this model's decoder a plain layer stack?")
+        result = {"aux": torch.cat([captured[i] for i in self.layers.hf_indices], dim=-1)}
+        if "last" in self.features:
+            result["last"] = captured["pre_norm"] if self.last_kind == "pre_norm" else out.last_hidden_state
+        return result
+
+    def __call__(self, batch: Sequence[HiddenStateSample]) -> list[dict[str, torch.Tensor]]:
+        ids, mask, lengths = pad_batch(batch, self.pad_id, self.device)
+        feats = self.forward_features(ids, mask)
+        # Cast on the device (half the bytes over PCIe in bf16), then one copy per tensor.
+        host = {k: feats[k].to(self.out_dtype).cpu() for k in self.features}
+        return [{k: host[k][b, :n] for k in self.features} for b, n in enumerate(lengths)]
+
+
+def extract_hf(
+    model: nn.Module | str | Path,
+    shards: ShardsInput,
+    out_dir: str | Path,
+    *,
+    model_id: str | None = None,
+    layers: AuxLayers | Sequence[int] | None = None,
+    layer_convention: str = "hf",
+    dtype: torch.dtype = torch.bfloat16,
+    with_last: bool = True,
+    last_kind: str = "post_norm",
+    max_tokens_per_batch: int = 16384,
+    sort_by_length: bool = True,
+    capture: str = "hooks",
+    device: str | torch.device | None = None,
+    model_dtype: torch.dtype | None = None,
+    progress: Callable[[Progress], None] | None = None,
+    check_space: bool = True,
+    reserve_bytes: int = 0,
+) -> ExtractReport:
+    """Extract and store the features of every corpus shard; resumable (finished shards are skipped).
+
+    ``model`` is a loaded HF causal LM or a local directory (loaded with ``local_files_only``, on
+    ``device`` — default: CUDA if available — in ``model_dtype``, default bf16 on GPU and fp32 on
+    CPU). ``dtype`` is the *store* dtype. ``layers`` defaults to the EAGLE-3 choice [2, N//2, N-3]
+    in HF indices (see ``layers.py``; pass ``layer_convention="sglang"`` for SGLang ids).
+    """
+    if isinstance(model, str | Path):
+        from transformers import AutoModelForCausalLM
+
+        dev = torch.device(device) if device is not None else pick_device()
+        mdt = model_dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
+        model_id = model_id or str(model)
+        model = AutoModelForCausalLM.from_pretrained(Path(model), dtype=mdt, local_files_only=True).to(dev)
+    elif device is not None:
+        model = model.to(device)
+    if model_id is None:
+        cfg = getattr(model, "config", None)
+        model_id = getattr(cfg, "name_or_path", None) or type(model).__name__
+    aux_layers = resolve_aux_layers(num_decoder_layers(model), layers, convention=layer_convention)
+    features = FEATURES if with_last else ("aux",)
+    meta = StoreMeta(
+        model_id=str(model_id),
+        hidden_size=hidden_size_of(model),
+        layers=aux_layers,
+        dtype=dtype,
+        features=features,
+        last_kind=last_kind,
+        extra={"backend": "hf", "capture": capture},
+    )
+    extractor = HFFeatureExtractor(
+        model, aux_layers, features=features, last_kind=last_kind, out_dtype=dtype, capture=capture
+    )
+    return run_extraction(
+        shards,
+        out_dir,
+        meta,
+        extractor,
+        max_tokens_per_batch=max_tokens_per_batch,
+        sort_by_length=sort_by_length,
+        progress=progress,
+        check_space=check_space,
+        reserve_bytes=reserve_bytes,
+    )

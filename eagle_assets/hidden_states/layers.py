@@ -1,0 +1,149 @@
+"""Which target layers feed the EAGLE-3 draft, and how each engine spells them.
+
+One convention is canonical here: **the index into Hugging Face's ``output_hidden_states`` tuple**
+(index 0 = the embeddings, index i = the output of decoder layer i-1 = the *input* of decoder layer
+i). The reference code captures the inputs of decoder layers 2, N//2 and N-3, i.e. HF indices
+[2, N//2, N-3] (Kimi K2 / K2.5, 61 layers: [2, 30, 58]).
+
+Engines disagree on what an explicit id means, which is why every store and exported config records
+all spellings instead of one bare list:
+
+- **SGLang** captures ``hidden_states + residual`` at the *input* of layer ``i`` for ``i`` in
+  ``layers_to_capture``. Its ``set_eagle3_layers_to_capture(None)`` default sets
+  ``[2, N//2, N-3]`` directly, but explicit ids (a draft config's
+  ``eagle_config.eagle_aux_hidden_state_layer_ids``, or SpecForge's ``--aux-hidden-states-layers``)
+  get ``+1`` ("for the ith layer, it takes the output of the (i-1)th layer"). So an explicit SGLang
+  id names a layer whose *output* is captured: ``sglang_id = hf_index - 1`` (Kimi: [1, 29, 57]).
+  Checked against ``python/sglang/srt/models/llama.py`` / ``qwen3.py`` / ``glm4_moe_lite.py`` and
+  ``kimi_k25.py`` (which delegates to ``DeepseekV3ForCausalLM``) of the SGLang sources; not run.
+- **vLLM** captures at the input of layer ``idx`` for ``idx`` in ``aux_hidden_state_layers`` and
+  uses ``eagle_aux_hidden_state_layer_ids`` as given, default ``(2, N//2, N-3)``: ``vllm_id =
+  hf_index``.
+
+Index N (the last decoder layer's output) is excluded: HF's ``hidden_states[N]`` is *after* the
+final norm for Llama-style models, and SGLang's capture loop never reaches it, so the three
+spellings would disagree. The last hidden state is stored separately (see ``store.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+CONVENTION = "hf_output_hidden_states_index"
+
+
+def default_hf_indices(num_layers: int) -> tuple[int, int, int]:
+    """The reference low/mid/high choice, as HF ``output_hidden_states`` indices."""
+    if num_layers < 4:
+        raise ValueError(f"EAGLE-3 default layers need at least 4 decoder layers, got {num_layers}")
+    return (2, num_layers // 2, num_layers - 3)
+
+
+@dataclass(frozen=True)
+class AuxLayers:
+    """The low/mid/high feature layers of one target, canonical as HF indices."""
+
+    hf_indices: tuple[int, ...]
+    num_layers: int
+
+    def __post_init__(self) -> None:
+        idx = tuple(int(i) for i in self.hf_indices)
+        object.__setattr__(self, "hf_indices", idx)
+        if not idx:
+            raise ValueError("at least one aux layer is needed")
+        for i in idx:
+            if not 0 <= i < self.num_layers:
+                raise ValueError(
+                    f"aux layer index {i} outside [0, {self.num_layers - 1}] for a {self.num_layers}-layer target "
+                    "(HF output_hidden_states convention: 0 = embeddings, i = input of decoder layer i)"
+                )
+        if list(idx) != sorted(idx):
+            raise ValueError(f"aux layers must be ordered low → high, got {list(idx)}")
+
+    @classmethod
+    def default(cls, num_layers: int) -> AuxLayers:
+        return cls(default_hf_indices(num_layers), num_layers)
+
+    @classmethod
+    def from_sglang_ids(cls, ids: Iterable[int], num_layers: int) -> AuxLayers:
+        """From explicit SGLang ids (``eagle_aux_hidden_state_layer_ids`` of an SGLang draft config)."""
+        return cls(tuple(int(i) + 1 for i in ids), num_layers)
+
+    @classmethod
+    def from_vllm_ids(cls, ids: Iterable[int], num_layers: int) -> AuxLayers:
+        return cls(tuple(int(i) for i in ids), num_layers)
+
+    @property
+    def n_aux(self) -> int:
+        return len(self.hf_indices)
+
+    @property
+    def decoder_layer_inputs(self) -> tuple[int, ...]:
+        """Decoder layers whose input is captured (same numbers as the HF indices)."""
+        return self.hf_indices
+
+    @property
+    def decoder_layer_outputs(self) -> tuple[int, ...]:
+        """Decoder layers whose output is captured (-1 = the embeddings)."""
+        return tuple(i - 1 for i in self.hf_indices)
+
+    @property
+    def sglang_ids(self) -> tuple[int, ...]:
+        """Explicit ids for SGLang (it adds +1 internally)."""
+        return tuple(i - 1 for i in self.hf_indices)
+
+    @property
+    def vllm_ids(self) -> tuple[int, ...]:
+        return self.hf_indices
+
+    def to_dict(self) -> dict[str, Any]:
+        """What stores and exported draft configs record: every spelling, named."""
+        return {
+            "convention": CONVENTION,
+            "num_hidden_layers": self.num_layers,
+            "hf_indices": list(self.hf_indices),
+            "decoder_layer_inputs": list(self.decoder_layer_inputs),
+            "decoder_layer_outputs": list(self.decoder_layer_outputs),
+            "sglang_eagle_aux_hidden_state_layer_ids": list(self.sglang_ids),
+            "vllm_eagle_aux_hidden_state_layer_ids": list(self.vllm_ids),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> AuxLayers:
+        if d.get("convention") != CONVENTION:
+            raise ValueError(f"unknown aux-layer convention {d.get('convention')!r} (expected {CONVENTION!r})")
+        layers = cls(tuple(d["hf_indices"]), int(d["num_hidden_layers"]))
+        for key, derived in (
+            ("sglang_eagle_aux_hidden_state_layer_ids", layers.sglang_ids),
+            ("vllm_eagle_aux_hidden_state_layer_ids", layers.vllm_ids),
+        ):
+            if key in d and tuple(d[key]) != derived:
+                raise ValueError(f"{key}={d[key]} contradicts hf_indices={list(layers.hf_indices)}")
+        return layers
+
+
+def resolve_aux_layers(
+    num_layers: int,
+    layers: AuxLayers | Sequence[int] | None = None,
+    *,
+    convention: str = "hf",
+) -> AuxLayers:
+    """Accept ``None`` (the default), an ``AuxLayers``, or a list in the named convention.
+
+    ``convention`` is one of ``"hf"`` (HF indices), ``"sglang"`` (explicit SGLang ids) or ``"vllm"``.
+    """
+    if layers is None:
+        return AuxLayers.default(num_layers)
+    if isinstance(layers, AuxLayers):
+        if layers.num_layers != num_layers:
+            raise ValueError(f"aux layers were chosen for {layers.num_layers} layers, target has {num_layers}")
+        return layers
+    if convention == "hf":
+        return AuxLayers(tuple(layers), num_layers)
+    if convention == "sglang":
+        return AuxLayers.from_sglang_ids(layers, num_layers)
+    if convention == "vllm":
+        return AuxLayers.from_vllm_ids(layers, num_layers)
+    raise ValueError(f"unknown convention {convention!r}: use 'hf', 'sglang' or 'vllm'")

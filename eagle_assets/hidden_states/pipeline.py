@@ -1,0 +1,243 @@
+"""The backend-independent extraction loop: plan batches, skip finished shards, stream into the store.
+
+A backend only has to turn a batch of samples into per-sample feature tensors (``BatchFn``); this
+module owns everything that must behave the same whatever computes the features: which shards are
+already done (resume), the disk check, batching by token count, overlapping writes with compute,
+progress reporting, and cleaning up after a failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from eagle_assets.hidden_states.store import (
+    INDEX_NAME,
+    HiddenStateSample,
+    StoreMeta,
+    StoreWriter,
+    as_sample,
+    check_disk,
+    estimate_store_bytes,
+    input_fingerprint,
+    shard_file_name,
+)
+
+
+class BatchFn(Protocol):
+    def __call__(self, batch: Sequence[HiddenStateSample]) -> list[dict[str, torch.Tensor]]:
+        """Features of each sample (``{"aux": [L, n_aux*H], "last": [L, H]}``), in batch order."""
+        ...
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What a progress callback sees; ``event`` is ``"batch"`` after every batch, ``"shard"`` after a commit."""
+
+    event: str
+    tokens_done: int
+    tokens_total: int
+    tokens_per_s: float
+    shards_done: int
+    shards_total: int
+    shard_index: int
+
+    @property
+    def fraction(self) -> float:
+        return self.tokens_done / self.tokens_total if self.tokens_total else 1.0
+
+
+@dataclass(frozen=True)
+class ExtractReport:
+    store: Path
+    shards_total: int
+    shards_skipped: int
+    shards_computed: int
+    tokens_total: int
+    tokens_computed: int
+    seconds: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens_computed / self.seconds if self.seconds > 0 else 0.0
+
+
+ShardsInput = Sequence[Sequence[Any]] | Mapping[str, Sequence[Any]]
+
+
+def normalize_shards(shards: ShardsInput) -> list[tuple[str, list[HiddenStateSample]]]:
+    """Shard keys and samples; a mapping keeps its keys, a sequence is keyed by position."""
+    items = shards.items() if isinstance(shards, Mapping) else ((str(i), s) for i, s in enumerate(shards))
+    out = []
+    for key, samples in items:
+        norm = [as_sample(s) for s in samples]
+        if not norm:
+            raise ValueError(f"corpus shard {key!r} is empty")
+        ids = [s.sample_id for s in norm]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"corpus shard {key!r} repeats sample ids")
+        out.append((str(key), norm))
+    return out
+
+
+def plan_batches(lengths: Sequence[int], max_tokens_per_batch: int, *, sort_by_length: bool = True) -> list[list[int]]:
+    """Group sample indices so that each padded batch holds at most ``max_tokens_per_batch`` tokens.
+
+    Sorting by length (longest first) makes neighbours similar, so right-padding wastes little, and
+    the longest sequences run first, so a budget too large for the device fails at once, not late.
+    A sample longer than the budget gets a batch of its own.
+    """
+    if max_tokens_per_batch < 1:
+        raise ValueError("max_tokens_per_batch must be positive")
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)) if sort_by_length else list(range(len(lengths)))
+    batches: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for i in order:
+        n = lengths[i]
+        if current and max(longest, n) * (len(current) + 1) > max_tokens_per_batch:
+            batches.append(current)
+            current, longest = [], 0
+        current.append(i)
+        longest = max(longest, n)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def padded_tokens(lengths: Sequence[int], batches: Sequence[Sequence[int]]) -> int:
+    return sum(max(lengths[i] for i in b) * len(b) for b in batches)
+
+
+def run_extraction(
+    shards: ShardsInput,
+    out_dir: str | Path,
+    meta: StoreMeta,
+    compute: BatchFn,
+    *,
+    group: Sequence[str] | None = None,
+    max_tokens_per_batch: int = 16384,
+    sort_by_length: bool = True,
+    progress: Callable[[Progress], None] | None = None,
+    check_space: bool = True,
+    reserve_bytes: int = 0,
+) -> ExtractReport:
+    """Compute and store the ``group`` features (default: all of ``meta.features``) of every shard.
+
+    Finished shards are skipped without calling ``compute``; an exception (from ``compute``, the
+    disk or the progress callback) removes the shard in progress and propagates, and a rerun with
+    the same arguments resumes from there.
+    """
+    group = tuple(group or meta.features)
+    if any(f not in meta.features for f in group):
+        raise ValueError(f"group {group} not among the store's features {meta.features}")
+    items = normalize_shards(shards)
+    writer = StoreWriter(out_dir, meta)
+    tokens_total = sum(len(s) for _, ss in items for s in ss)
+
+    pending: list[int] = []
+    tokens_done = 0
+    recorded = _recorded_files(writer)
+    recorded_names = {name for name, _ in recorded}
+    for idx, (key, samples) in enumerate(items):
+        if writer.is_complete(idx, key, group, samples):
+            if (shard_file_name(idx, group, meta.features), input_fingerprint(samples)) not in recorded:
+                writer.record(idx, key, group, samples)  # crash between rename and index update
+            tokens_done += sum(len(s) for s in samples)
+        else:
+            name = shard_file_name(idx, group, meta.features)
+            writer.discard(idx, group, listed=name in recorded_names)
+            pending.append(idx)
+    skipped = len(items) - len(pending)
+
+    if check_space and pending:
+        n_tok = sum(len(s) for i in pending for s in items[i][1])
+        need = estimate_store_bytes(
+            n_tok,
+            meta.hidden_size,
+            n_aux=meta.layers.n_aux if "aux" in group else 0,
+            with_last="last" in group,
+            dtype_bytes=torch.empty((), dtype=meta.dtype).element_size(),
+        )
+        check_disk(writer.directory, need, reserve_bytes=reserve_bytes)
+
+    start = time.perf_counter()
+    computed_tokens = 0
+    shards_done = skipped
+
+    def report(event: str, shard_index: int) -> None:
+        if progress is not None:
+            elapsed = time.perf_counter() - start
+            rate = computed_tokens / elapsed if elapsed > 0 else 0.0
+            progress(Progress(event, tokens_done, tokens_total, rate, shards_done, len(items), shard_index))
+
+    # One background thread writes while the next batch computes (pwrite releases the GIL); at most
+    # two batches are in flight so host memory stays bounded.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="hs-writer") as pool:
+        for idx in pending:
+            key, samples = items[idx]
+            shard_writer = writer.open_shard(idx, key, group, samples)
+            inflight: list[Future[None]] = []
+            try:
+                lengths = [len(s) for s in samples]
+                for batch in plan_batches(lengths, max_tokens_per_batch, sort_by_length=sort_by_length):
+                    feats = compute([samples[i] for i in batch])
+                    if len(feats) != len(batch):
+                        raise RuntimeError(f"backend returned {len(feats)} feature sets for a batch of {len(batch)}")
+                    picked = [{f: fe[f] for f in group} for fe in feats]
+                    while len(inflight) >= 2:
+                        inflight.pop(0).result()
+                    inflight.append(pool.submit(_write_batch, shard_writer, batch, picked))
+                    n = sum(lengths[i] for i in batch)
+                    tokens_done += n
+                    computed_tokens += n
+                    report("batch", idx)
+                for fut in inflight:
+                    fut.result()
+                inflight.clear()
+                shard_writer.commit()
+            except BaseException:
+                for fut in inflight:
+                    fut.cancel()
+                for fut in inflight:
+                    if not fut.cancelled():
+                        with contextlib.suppress(Exception):  # the original error is what matters
+                            fut.result()
+                shard_writer.abort()
+                raise
+            writer.record(idx, key, group, samples)
+            shards_done += 1
+            report("shard", idx)
+
+    return ExtractReport(
+        store=writer.directory,
+        shards_total=len(items),
+        shards_skipped=skipped,
+        shards_computed=len(pending),
+        tokens_total=tokens_total,
+        tokens_computed=computed_tokens,
+        seconds=time.perf_counter() - start,
+    )
+
+
+def _write_batch(shard_writer: Any, batch: Sequence[int], feats: Sequence[Mapping[str, torch.Tensor]]) -> None:
+    for j, fe in zip(batch, feats, strict=True):
+        shard_writer.write(j, fe)
+
+
+def _recorded_files(writer: StoreWriter) -> set[tuple[str, str]]:
+    """(file name, input fingerprint) pairs the index already lists, so skipping does not rewrite it."""
+    doc = json.loads((writer.directory / INDEX_NAME).read_text())
+    return {
+        (name, entry.get("input_fingerprint", ""))
+        for entry in doc.get("shards", {}).values()
+        for name in entry.get("files", {})
+    }

@@ -1,0 +1,273 @@
+"""A tiny Llama-style target over the Kimi K2.5 vocabulary, built locally from a seed.
+
+The demo and the tests need a target model that exists without downloads, runs on two CPU cores, and
+sees exactly the token ids the real target sees (163,840 ids, ``<|im_end|>`` = 163586 ends a turn).
+It later generates the demo's responses and serves as the target of speculative-decoding tests, so
+its greedy output must depend on its input.
+
+Why the init is not Hugging Face's default: with ``initializer_range=0.02`` everywhere the logits
+are nearly flat (entropy ≈ ln 163840 ≈ 12 nats), so a "target distribution" carries no signal for
+the draft's soft cross-entropy, and the layers add almost nothing to the residual stream. We
+initialise every tensor ourselves from one ``torch.Generator`` (independent of HF's init order, so a
+seed gives the same weights on any transformers version):
+
+- embeddings with std 1, so token identity is strong;
+- attention and MLP projections with std ``proj_gain / sqrt(fan_in)``, ``proj_gain = 0.3``: each
+  sub-layer adds a modest contribution, so the next token is mostly decided by recent tokens but
+  context matters (measured on random prompts: the greedy next token equals the one-token-context
+  prediction about 45% of the time and changes in about 12% of cases when only the *first* prompt
+  token changes; gain 1.0 makes it chaotic, gain 0.16 makes it a bigram table);
+- ``lm_head`` with std ``logit_std / sqrt(hidden)``, ``logit_std = 6``: after the final RMSNorm the
+  logits have std ≈ 6, giving an LM-like next-token distribution (mean entropy ≈ 2.6 nats, mean
+  top-1 probability ≈ 0.4) instead of a flat one;
+- norms at 1.
+
+``tests/hidden_states/test_tiny_target.py`` pins the outcome: greedy continuations differ between
+prompts, are not stuck in a loop, and depend on more than the last token. ``<|im_end|>`` is as likely
+as any other id, so greedy responses normally run to ``max_new_tokens``.
+
+The model is stored in float32 (about 84 MB: two 163,840 × 64 matrices dominate) so that exactness
+tests need no up-casting; load it in bf16 when speed matters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers reads its environment
+
+import torch
+from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+KIMI_VOCAB_SIZE = 163_840
+KIMI_BOS_ID = 163_584  # [BOS]
+KIMI_EOS_ID = 163_586  # <|im_end|>: ends an assistant turn; generation stops on it
+KIMI_PAD_ID = 163_839  # [PAD]
+
+COMPLETE_MARKER = "eagle_forge_tiny_target.json"
+
+
+@dataclass(frozen=True)
+class TinyTargetSpec:
+    """Everything that determines the tiny target's weights; recorded next to them."""
+
+    seed: int = 0
+    hidden_size: int = 64
+    # 7 layers, not 6: the EAGLE-3 default aux indices [2, N//2, N-3] are distinct only from N = 7
+    # on ([2, 3, 3] at N = 6), and distinct indices let the tests catch a swapped mid/high layer.
+    num_hidden_layers: int = 7
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 4
+    intermediate_size: int = 128
+    max_position_embeddings: int = 4096
+    vocab_size: int = KIMI_VOCAB_SIZE
+    embed_std: float = 1.0
+    proj_gain: float = 0.3
+    logit_std: float = 6.0
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10_000.0
+
+    def fingerprint(self) -> str:
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def tiny_config(spec: TinyTargetSpec) -> LlamaConfig:
+    return LlamaConfig(
+        vocab_size=spec.vocab_size,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        max_position_embeddings=spec.max_position_embeddings,
+        rms_norm_eps=spec.rms_norm_eps,
+        rope_theta=spec.rope_theta,
+        tie_word_embeddings=False,
+        bos_token_id=KIMI_BOS_ID,
+        eos_token_id=KIMI_EOS_ID,
+        pad_token_id=KIMI_PAD_ID,
+        attention_bias=False,
+        mlp_bias=False,
+        hidden_act="silu",
+        initializer_range=0.02,
+    )
+
+
+@torch.no_grad()
+def _init_weights(model: LlamaForCausalLM, spec: TinyTargetSpec) -> None:
+    # Sorted names + one generator: the weights are a function of the spec alone.
+    gen = torch.Generator().manual_seed(spec.seed)
+    for name, param in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+        if name.endswith("norm.weight"):
+            param.fill_(1.0)
+        elif name.endswith("embed_tokens.weight"):
+            param.copy_(torch.randn(param.shape, generator=gen) * spec.embed_std)
+        elif name.endswith("lm_head.weight"):
+            param.copy_(torch.randn(param.shape, generator=gen) * (spec.logit_std / math.sqrt(spec.hidden_size)))
+        elif param.ndim == 2:
+            fan_in = param.shape[1]
+            param.copy_(torch.randn(param.shape, generator=gen) * (spec.proj_gain / math.sqrt(fan_in)))
+        else:
+            raise ValueError(f"unexpected parameter {name} with shape {tuple(param.shape)}")
+
+
+def make_tiny_target(spec: TinyTargetSpec | None = None) -> LlamaForCausalLM:
+    """Build the model in memory (float32, eval mode)."""
+    spec = spec or TinyTargetSpec()
+    config = tiny_config(spec)
+    model = LlamaForCausalLM(config)
+    _init_weights(model, spec)
+    model.generation_config = GenerationConfig(
+        bos_token_id=KIMI_BOS_ID, eos_token_id=KIMI_EOS_ID, pad_token_id=KIMI_PAD_ID, do_sample=False
+    )
+    return model.eval()
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    # save/load print per-file progress bars; a 1-file tiny model only adds noise to demo and test logs.
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+def tiny_model_id(seed: int = 0) -> str:
+    """The model id stores and exports record for the tiny target (its weights are a function of it)."""
+    return f"eagle-forge/tiny-kimi-seed{seed}"
+
+
+def default_tiny_target_dir(seed: int = 0) -> Path:
+    """Where the demo keeps the tiny target: ``$EAGLE_FORGE_HOME/models/tiny-kimi-seed<seed>``."""
+    from eagle_assets.settings import forge_home
+
+    return forge_home() / "models" / f"tiny-kimi-seed{seed}"
+
+
+def _is_complete(path: Path, spec: TinyTargetSpec) -> bool:
+    marker = path / COMPLETE_MARKER
+    if not marker.is_file() or not (path / "config.json").is_file():
+        return False
+    try:
+        recorded = json.loads(marker.read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    if recorded.get("fingerprint") != spec.fingerprint():
+        return False
+    files = recorded.get("files", {})
+    # Sizes catch a truncated copy; the marker is written last, so a crash leaves no marker.
+    return bool(files) and all((path / f).is_file() and (path / f).stat().st_size == n for f, n in files.items())
+
+
+def _fsync_tree(path: Path) -> None:
+    for p in path.rglob("*"):
+        if p.is_file():
+            with p.open("rb") as f:
+                os.fsync(f.fileno())
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def build_tiny_target(path: str | Path, seed: int = 0, spec: TinyTargetSpec | None = None) -> Path:
+    """Save the tiny target to ``path`` (safetensors) unless a complete copy with the same spec is there.
+
+    Built in a sibling temporary directory and renamed into place, so a crash never leaves a
+    half-written model at ``path`` and concurrent builders do not corrupt each other (the first
+    rename wins; the others discard their copy).
+    """
+    spec = spec or TinyTargetSpec(seed=seed)
+    if spec.seed != seed and seed != 0:
+        raise ValueError("pass the seed either as `seed` or inside `spec`, not both")
+    path = Path(path).expanduser().resolve()
+    if _is_complete(path, spec):
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        model = make_tiny_target(spec)
+        with _quiet_transformers():
+            model.save_pretrained(tmp, safe_serialization=True)
+        files = {p.name: p.stat().st_size for p in tmp.iterdir() if p.is_file()}
+        (tmp / COMPLETE_MARKER).write_text(
+            json.dumps({"fingerprint": spec.fingerprint(), "spec": asdict(spec), "files": files}, indent=2)
+        )
+        _fsync_tree(tmp)
+        if path.exists():
+            if _is_complete(path, spec):  # someone else finished first
+                return path
+            stale = path.parent / f".{path.name}.stale-{uuid.uuid4().hex[:8]}"
+            os.rename(path, stale)
+            shutil.rmtree(stale, ignore_errors=True)
+        try:
+            os.rename(tmp, path)
+        except OSError:
+            if not _is_complete(path, spec):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+def load_target(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> Any:
+    """Load a (tiny or real) local HF causal LM in eval mode; never touches the network."""
+    from transformers import AutoModelForCausalLM
+
+    with _quiet_transformers():
+        model = AutoModelForCausalLM.from_pretrained(Path(path), dtype=dtype, local_files_only=True)
+    return model.to(device).eval()
+
+
+@torch.inference_mode()
+def generate_greedy(
+    model: Any,
+    input_ids: torch.Tensor | list[int],
+    max_new_tokens: int,
+    eos_id: int | None = KIMI_EOS_ID,
+) -> list[int]:
+    """Greedy continuation of one sequence with a KV cache; returns the new ids (eos included).
+
+    A hand-written loop rather than ``model.generate`` so that the behaviour is pinned here
+    (no generation-config defaults, no sampling flags) and the speculative-decoding tests can
+    compare against exactly this procedure.
+    """
+    from transformers import DynamicCache
+
+    device = next(model.parameters()).device
+    ids = torch.as_tensor(input_ids, dtype=torch.long, device=device)
+    if ids.ndim == 2:
+        if ids.shape[0] != 1:
+            raise ValueError("generate_greedy takes one sequence")
+        ids = ids[0]
+    if ids.numel() == 0:
+        raise ValueError("generate_greedy needs at least one input token")
+    out: list[int] = []
+    cache = DynamicCache()
+    step_input = ids[None, :]
+    position = torch.arange(ids.numel(), device=device)[None, :]
+    for _ in range(max_new_tokens):
+        logits = model(input_ids=step_input, cache=cache, use_cache=True, position_ids=position).logits
+        nxt = int(logits[0, -1].argmax())
+        out.append(nxt)
+        if eos_id is not None and nxt == eos_id:
+            break
+        step_input = torch.tensor([[nxt]], device=device)
+        position = position[:, -1:] + 1
+    return out
