@@ -34,6 +34,7 @@ def openrouter_from_env() -> OpenRouterResource:
             start_embedded_simulator=True,
             budget_usd=budget,
             max_tokens=int(os.environ.get("EAGLE_FORGE_MAX_TOKENS", "1024")),
+            max_in_flight=int(os.environ.get("EAGLE_FORGE_MAX_IN_FLIGHT", "2000")),
             progress_interval_s=2.0,
             key_poll_interval_s=2.0,
         )

@@ -1,12 +1,6 @@
-"""Generation as Dagster assets on a real instance: metadata, budget failure then resume, SIGKILL of a
-running `dagster asset materialize` at random moments, and the credits sensor backfilling after a top-up."""
+"""Generation as Dagster assets on a real instance: metadata, budget failure then resume, and the credits
+sensor backfilling after a top-up. (SIGKILLs of a running materialization: test_soak.py.)"""
 
-import os
-import random
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import dagster as dg
@@ -17,11 +11,10 @@ import pytest
 from eagle_assets.assets.generation import build_generated_asset
 from eagle_assets.datasets.config import DatasetSpec
 from eagle_assets.generation.journal import read_records
-from eagle_assets.generation.ledger import BudgetLedger
-from eagle_assets.settings import REPO_ROOT, tokenizer_dir
+from eagle_assets.settings import tokenizer_dir
 from resources.openrouter.resource import OpenRouterResource
 from resources.simulator.config import LatencyConfig, SimulatorConfig
-from resources.simulator.control import run_simulator_in_thread, spawn_simulator_process
+from resources.simulator.control import run_simulator_in_thread
 from sensors.credits_sensor import build_credits_sensor
 
 
@@ -136,96 +129,10 @@ def test_credits_sensor_backfills_exactly_the_missing_partitions(tmp_path, forge
         pending = [k for k, ok in zip(("0000", "0001", "0002"), outcomes, strict=True) if not ok]
         assert sorted(r.partition_key for r in requests) == pending
         assert len({r.run_key for r in requests}) == len(requests)
-        job = defs.get_implicit_global_asset_job_def()
+        job = defs.resolve_implicit_global_asset_job_def()
         for r in requests:
             assert job.execute_in_process(instance=instance, partition_key=r.partition_key).success
         status = instance.get_status_by_partition(asset.key, ["0000", "0001", "0002"], asset.partitions_def)
         assert all(s == dg.AssetPartitionStatus.MATERIALIZED for s in status.values())
         ctx4 = dg.build_sensor_context(instance=instance, resources={"openrouter": res}, cursor=ctx3.cursor)
         assert isinstance(sensor(ctx4), dg.SkipReason)
-
-
-def _materialize_cmd() -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "dagster",
-        "asset",
-        "materialize",
-        "-m",
-        "eagle_assets.definitions",
-        "--select",
-        "generated/K3",
-        "--partition",
-        "0000",
-    ]
-
-
-def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tmp_path):
-    home = tmp_path / "home"
-    prompts = write_prompts(tmp_path / "k3.jsonl", 400, tag="x")
-    datasets = tmp_path / "datasets.yaml"
-    datasets.write_text(f"datasets:\n  K3: {{path: {prompts}, shard_size: 400}}\n")
-    state = tmp_path / "sim-state.json"
-    sim = spawn_simulator_process(
-        SimulatorConfig(
-            latency=LatencyConfig.lognormal(0.15, 0.6),
-            credits=50.0,
-            state_file=state,
-            mean_completion_tokens=60,
-            tokenizer_dir=tokenizer_dir(),
-        )
-    )
-    port = sim.base_url.split(":")[2].split("/")[0]
-    env = {
-        **os.environ,
-        "EAGLE_FORGE_HOME": str(home),
-        "EAGLE_FORGE_DATASETS": str(datasets),
-        "EAGLE_FORGE_SIM_PORT": port,
-        "EAGLE_FORGE_MAX_TOKENS": "128",
-        "EAGLE_FORGE_BUDGET_USD": "3",
-        "DAGSTER_HOME": str(tmp_path / "dh"),
-        "PYTHONPATH": str(REPO_ROOT),
-    }
-    (tmp_path / "dh").mkdir()
-    journal = home / "journal" / "K3" / "0000.journal"
-    rng = random.Random(7)
-    kills = 0
-    try:
-        for _ in range(2):
-            proc = subprocess.Popen(
-                _materialize_cmd(),
-                env=env,
-                cwd=REPO_ROOT,
-                start_new_session=True,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-            target = rng.randint(40, 250)
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline and proc.poll() is None:
-                if journal.exists() and len(read_records(journal)) >= target:
-                    break
-                time.sleep(0.05)
-            time.sleep(rng.uniform(0.0, 0.3))
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                kills += 1
-            proc.wait()
-        final = subprocess.run(_materialize_cmd(), env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
-        assert final.returncode == 0, final.stderr[-3000:]
-        records = read_records(journal)
-        ids = [r["prompt_id"] for r in records]
-        assert kills >= 1
-        assert len(ids) == 400 and len(set(ids)) == 400, "a record was lost or duplicated"
-        frame = pl.read_parquet(home / "generated" / "K3" / "0000.parquet")
-        assert frame.height == 400 and frame["prompt_id"].n_unique() == 400
-        stats = sim.stats(0)
-        led = BudgetLedger(home / "state" / "ledger.sqlite")
-        spent = led.totals().usd_spent
-        led.close()
-        assert stats["billed_usd"] <= spent + 1e-9 <= 3.0 + 1e-9  # the ledger is conservative and within budget
-        # Only requests in flight at a kill can have been bought twice.
-        assert len(stats["hashes_billed_more_than_once"]) <= kills * 32
-    finally:
-        sim.terminate()

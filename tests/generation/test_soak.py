@@ -1,0 +1,57 @@
+"""SIGKILL a running `dagster asset materialize` at random moments, restart, and check the books.
+
+The small version of ``benchmarks/soak.py``: real Dagster CLI process groups, the simulator in its own
+process, loopback only."""
+
+import pytest
+
+from benchmarks.soak import SoakConfig, run_soak
+
+
+def check(result: dict, cfg: SoakConfig) -> None:
+    assert result["final_run_ok"]
+    assert result["records_lost"] == 0
+    assert result["records_duplicated"] == 0
+    assert result["records"] == cfg.prompts
+    assert result["simulator_billed_usd"] <= result["spent_usd"] + 1e-9 <= cfg.budget_usd + 1e-9
+    assert result["output_tokens"] <= cfg.token_budget
+    # Only what was in flight at a kill can have been bought twice.
+    assert result["rebought_in_flight_at_kills"] <= cfg.kills * cfg.concurrency
+
+
+def test_sigkill_without_faults_loses_and_duplicates_nothing(tmp_path):
+    cfg = SoakConfig(
+        prompts=500,
+        kills=2,
+        concurrency=64,
+        latency_median_s=0.1,
+        faults={},
+        budget_usd=3.0,
+        max_tokens=128,
+        storm_prompts=0,
+        seed=3,
+        time_limit_s=240,
+    )
+    result = run_soak(cfg, tmp_path, log=lambda _: None)
+    check(result, cfg)
+    assert len(result["kills"]) == 2 and all(k["at_records"] > 0 for k in result["kills"])
+
+
+@pytest.mark.slow
+def test_small_soak_with_mixed_faults(tmp_path):
+    cfg = SoakConfig(
+        prompts=3000,
+        kills=2,
+        concurrency=500,
+        latency_median_s=0.4,
+        budget_usd=100.0,
+        token_budget=10_000_000,
+        storm_prompts=400,
+        storm_rate_per_s=150.0,
+        seed=11,
+        time_limit_s=300,
+    )
+    result = run_soak(cfg, tmp_path, log=lambda _: None)
+    check(result, cfg)
+    assert result["requests_sent_to_simulator"] > cfg.prompts  # the faults really were retried
+    assert result["storm"]["ok"] and result["storm"]["records"] == cfg.storm_prompts
