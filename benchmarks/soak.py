@@ -105,11 +105,13 @@ def run_soak(cfg: SoakConfig, work: Path, log=print) -> dict[str, Any]:
     dh.mkdir(parents=True, exist_ok=True)
     _write_prompts(work / "soak.jsonl", cfg.prompts, "s")
     _write_prompts(work / "storm.jsonl", cfg.storm_prompts, "t")
-    (work / "datasets.yaml").write_text(
+    datasets = (
         "datasets:\n"
         f"  SOAK: {{path: {work / 'soak.jsonl'}, shard_size: {cfg.prompts}, output_token_budget: {cfg.token_budget}}}\n"
-        f"  STORM: {{path: {work / 'storm.jsonl'}, shard_size: {cfg.storm_prompts}}}\n"
     )
+    if cfg.storm_prompts:
+        datasets += f"  STORM: {{path: {work / 'storm.jsonl'}, shard_size: {cfg.storm_prompts}}}\n"
+    (work / "datasets.yaml").write_text(datasets)
     sim = spawn_simulator_process(
         SimulatorConfig(
             latency=LatencyConfig.lognormal(cfg.latency_median_s, 0.5, max_s=5.0),
@@ -169,6 +171,9 @@ def run_soak(cfg: SoakConfig, work: Path, log=print) -> dict[str, Any]:
                 if time.monotonic() - start > cfg.time_limit_s:
                     raise TimeoutError("soak exceeded its time limit")
                 time.sleep(0.25)
+            if proc.poll() not in (None, 0):
+                tail = (work / "generated_SOAK.log").read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"the materialization failed before the kill point:\n{tail}")
             before = _abandoned(sim)
             in_flight = sim.stats(0)["in_flight"]
             if proc.poll() is None:
