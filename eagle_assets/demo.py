@@ -14,6 +14,8 @@ import dagster as dg
 from eagle_assets import settings
 from eagle_assets.instance import ensure_dagster_home
 
+QUIET = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
@@ -36,7 +38,12 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {name}/{shard}: already materialized")
                 continue
             result = dg.materialize(
-                [asset_def], partition_key=shard, instance=instance, resources=resources, raise_on_error=False
+                [asset_def],
+                partition_key=shard,
+                instance=instance,
+                resources=resources,
+                raise_on_error=False,
+                run_config=QUIET,
             )
             status = "ok" if result.success else "FAILED"
             print(f"  {name}/{shard}: {status}", flush=True)
@@ -44,6 +51,10 @@ def main(argv: list[str] | None = None) -> int:
                 failed.append(f"{name}/{shard}")
     print(f"\nfinished in {time.monotonic() - start:.1f}s; {len(failed)} failed partitions {failed or ''}")
     print(f"generated Parquet: {settings.generated_dir()}")
+    print(
+        f"OpenRouter simulator still serving at {resources['openrouter'].base_url} (log: "
+        f"{settings.forge_home() / 'simulator' / 'simulator.log'}); `pkill -f resources.simulator` stops it"
+    )
     print(
         f"Dagster instance:  {home}   (browse it: DAGSTER_HOME={home} dagster dev -w workspace.yaml"
         " → http://127.0.0.1:3000)"
