@@ -48,6 +48,9 @@ class GenerationSettings:
     progress_interval_s: float = 5.0
     commit_interval_s: float = 0.05
     reserve_chunk: int = 64
+    # Slow start: open the first max_in_flight requests over this many seconds instead of in one burst,
+    # so connection setup and the first wave of responses do not all land at the same instant.
+    startup_ramp_s: float = 1.0
 
     def __post_init__(self) -> None:
         if self.budget_usd < 0:
@@ -138,6 +141,7 @@ class PartitionRunner:
         self._abort = asyncio.Event()  # credits gone or fatal: abandon retries too
         self._account_remaining: float | None = None
         self._commit_error: Exception | None = None
+        self._routing = providers.policy.routing()  # the same for every request: build it once
         self._spent_at_poll = 0.0
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -151,7 +155,7 @@ class PartitionRunner:
             "model": self.s.model,
             "messages": prompt.messages,
             "max_tokens": self.s.max_tokens,
-            "provider": self.providers.policy.routing(),
+            "provider": self._routing,
             **self.s.sampling,
         }
         if prompt.tools:
@@ -204,8 +208,17 @@ class PartitionRunner:
         self.emit(self._progress_line(time.monotonic() - start, final=True))
         return r
 
+    async def _ramp(self, launched: int, started: float) -> None:
+        if self.s.startup_ramp_s <= 0 or launched >= self.s.max_in_flight:
+            return
+        due = started + self.s.startup_ramp_s * launched / self.s.max_in_flight
+        wait = due - time.monotonic()
+        if wait > 0.005:
+            await asyncio.sleep(wait)
+
     async def _dispatch(self, pending: list[Prompt]) -> None:
         queue = list(reversed(pending))
+        launched, started = 0, time.monotonic()
         while queue and not self._stop_admitting.is_set():
             chunk: list[Prompt] = []
             while queue and len(chunk) < self.s.reserve_chunk:
@@ -228,6 +241,8 @@ class PartitionRunner:
                 queue.pop()
                 chunk = chunk[:1]
             for prompt, res in zip(chunk, granted, strict=False):
+                await self._ramp(launched, started)
+                launched += 1
                 await self._active.acquire()
                 if self._abort.is_set():
                     self._active.release()
