@@ -78,7 +78,7 @@ def test_malformed_rows_are_reported_with_file_and_line_and_the_rest_kept(tmp_pa
     ]
     f.write_bytes(b"\n".join(lines) + b"\n")
     prompts, problems = load_prompts(f)
-    assert [p.prompt_id for p in prompts][0] == "a" and len(prompts) == 2
+    assert prompts[0].prompt_id == "a" and len(prompts) == 2
     assert [p.line for p in prompts] == [1, 9]
     assert [p.index for p in prompts] == [0, 7]  # ordinals skip the blank line: shards never shift
     by_line = {p.line: p.problem for p in problems}
