@@ -131,6 +131,7 @@ def run_soak(cfg: SoakConfig, work: Path, log=print) -> dict[str, Any]:
         "EAGLE_FORGE_SIM_PORT": port,
         "EAGLE_FORGE_MAX_TOKENS": str(cfg.max_tokens),
         "EAGLE_FORGE_MAX_IN_FLIGHT": str(cfg.concurrency),
+        "EAGLE_FORGE_REQUEST_TIMEOUT_S": str(cfg.request_timeout_s),
         "EAGLE_FORGE_BUDGET_USD": str(cfg.budget_usd),
         "DAGSTER_HOME": str(dh),
         "PYTHONPATH": str(REPO),
@@ -205,7 +206,7 @@ def run_soak(cfg: SoakConfig, work: Path, log=print) -> dict[str, Any]:
 
         # Phase 2: a 429 storm. Goodput = kept responses per second over the admitted rate.
         storm_recs: list[dict[str, Any]] = []
-        storm_ok, span, goodput = True, float("nan"), float("nan")
+        storm_ok, span, goodput, steady = True, float("nan"), float("nan"), float("nan")
         if cfg.storm_prompts:
             sim.set_faults(
                 FaultConfig(
@@ -223,6 +224,11 @@ def run_soak(cfg: SoakConfig, work: Path, log=print) -> dict[str, Any]:
                 first_start = min(r["at"] - r.get("latency_s", 0.0) for r in storm_recs)
                 span = max(r["at"] for r in storm_recs) - first_start
                 goodput = len(storm_recs) / span / cfg.storm_rate_per_s
+                # Steady state: completions between the 10th and 90th percentile, without ramp-up and tail.
+                ends = sorted(r["at"] for r in storm_recs)
+                lo, hi = ends[len(ends) // 10], ends[len(ends) * 9 // 10]
+                if hi > lo:
+                    steady = (len(ends) * 9 // 10 - len(ends) // 10) / (hi - lo) / cfg.storm_rate_per_s
     finally:
         sim.terminate()
     return {
@@ -247,6 +253,7 @@ def run_soak(cfg: SoakConfig, work: Path, log=print) -> dict[str, Any]:
             "span_s": span,
             "admitted_rate_per_s": cfg.storm_rate_per_s,
             "goodput_fraction": goodput,
+            "steady_goodput_fraction": steady,
         },
         "wall_s": time.monotonic() - start,
     }
@@ -292,7 +299,8 @@ def main() -> None:
     s = r["storm"]
     print(
         f"  429 storm goodput:   {100 * s['goodput_fraction']:.1f}% of the admitted"
-        f" {s['admitted_rate_per_s']:.0f} req/s ({s['records']} responses in {s['span_s']:.1f}s)"
+        f" {s['admitted_rate_per_s']:.0f} req/s ({s['records']} responses in {s['span_s']:.1f}s, ramp-up and tail"
+        f" included); steady state {100 * s['steady_goodput_fraction']:.1f}%"
     )
 
 

@@ -1,9 +1,15 @@
 """An AIMD concurrency limit: back off multiplicatively on 429s, regain additively on success.
 
 The upstream rate limit is unknown and moves, so the number of requests in flight follows what
-comes back: one halving per congestion episode (``cooldown_s`` keeps a burst of 429s from one
-overload from collapsing the window to the floor), and a gain of about ``increase_per_window`` for
-every window's worth of successes.
+comes back: a gain of about ``increase_per_window`` for every window's worth of successes, and at
+most one halving per episode. An episode lasts about one round trip (the smoothed latency of
+successes, bounded by ``min_cooldown_s`` and ``cooldown_s``), as in TCP: the 429s of requests sent
+before the last decrease say nothing about the new window, and waiting much longer than a round trip
+lets a 2000-wide window hammer an overloaded server for seconds.
+
+An episode only halves the window when congestion answers are more than ``loss_threshold`` of what
+came back in it: providers return the odd 429 at random, and halving on every single one (classic
+AIMD under random loss) collapses the window to a few dozen requests at a 3% 429 rate.
 """
 
 import asyncio
@@ -20,6 +26,9 @@ class AdaptiveLimiter:
         decrease_factor: float = 0.5,
         increase_per_window: float | None = None,
         cooldown_s: float = 2.0,
+        min_cooldown_s: float = 0.2,
+        loss_threshold: float = 0.1,
+        min_episode_samples: int = 5,
     ) -> None:
         if maximum < 1 or minimum < 1 or minimum > maximum:
             raise ValueError("need 1 <= minimum <= maximum")
@@ -31,9 +40,15 @@ class AdaptiveLimiter:
         self.decrease_factor = decrease_factor
         self.increase_per_window = increase_per_window or max(1.0, maximum * 0.05)
         self.cooldown_s = cooldown_s
+        self.min_cooldown_s = min(min_cooldown_s, cooldown_s)
+        self.latency_ewma: float | None = None
+        self.loss_threshold = loss_threshold
+        self.min_episode_samples = min_episode_samples
         self.in_flight = 0
         self.decreases = 0
-        self._last_decrease = -1e9
+        self._window_start: float | None = None
+        self._window_ok = 0
+        self._window_congested = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
 
     @property
@@ -64,14 +79,34 @@ class AdaptiveLimiter:
                 fut.set_result(None)
                 free -= 1
 
-    def on_success(self) -> None:
+    @property
+    def episode_s(self) -> float:
+        if self.latency_ewma is None:
+            return self.cooldown_s
+        return max(self.min_cooldown_s, min(self.cooldown_s, self.latency_ewma))
+
+    def on_success(self, latency_s: float | None = None, now: float | None = None) -> None:
+        if latency_s is not None:
+            self.latency_ewma = latency_s if self.latency_ewma is None else 0.9 * self.latency_ewma + 0.1 * latency_s
         self.limit = min(float(self.maximum), self.limit + self.increase_per_window / max(self.limit, 1.0))
+        self._record(False, time.monotonic() if now is None else now)
         self._wake()
 
     def on_congestion(self, now: float | None = None) -> None:
-        now = time.monotonic() if now is None else now
-        if now - self._last_decrease < self.cooldown_s:
-            return
-        self._last_decrease = now
-        self.decreases += 1
-        self.limit = max(float(self.minimum), self.limit * self.decrease_factor)
+        self._record(True, time.monotonic() if now is None else now)
+
+    def _record(self, congested: bool, now: float) -> None:
+        """Count an answer in the current episode; the first answer after it ends decides it."""
+        if self._window_start is None:
+            self._window_start = now
+        elif now - self._window_start >= self.episode_s:
+            seen = self._window_ok + self._window_congested
+            # Fewer than min_episode_samples answers are no evidence either way.
+            if seen >= self.min_episode_samples and self._window_congested / seen > self.loss_threshold:
+                self.decreases += 1
+                self.limit = max(float(self.minimum), self.limit * self.decrease_factor)
+            self._window_start, self._window_ok, self._window_congested = now, 0, 0
+        if congested:
+            self._window_congested += 1
+        else:
+            self._window_ok += 1

@@ -8,9 +8,10 @@ import random
 from dataclasses import dataclass
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RetryPolicy:
-    max_attempts: int = 10
+    max_attempts: int = 10  # failures (5xx, timeouts, torn bodies...) per prompt
+    max_congestion_waits: int = 200  # 429 / in-flight 402 / 503 waits per prompt: pacing, not failure
     base_delay_s: float = 0.5
     max_delay_s: float = 60.0
     retry_after_cap_s: float = 300.0
@@ -18,6 +19,8 @@ class RetryPolicy:
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
+        if self.max_congestion_waits < 0:
+            raise ValueError("max_congestion_waits must be >= 0")
         if self.base_delay_s < 0 or self.max_delay_s < self.base_delay_s:
             raise ValueError("need 0 <= base_delay_s <= max_delay_s")
 

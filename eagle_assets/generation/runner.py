@@ -116,6 +116,7 @@ class PartitionReport:
 
 
 PromptTokenEstimator = Callable[[Prompt], int]
+CONGESTION = frozenset({"rate_limited", "in_flight_budget", "no_provider"})
 
 
 class PartitionRunner:
@@ -307,7 +308,7 @@ class PartitionRunner:
             self._active.release()
 
     async def _attempts(self, prompt: Prompt, res: Reservation) -> None:
-        attempts = 0
+        attempts = failures = congestion_waits = 0
         payload = self.payload(prompt)
         while True:
             if self._abort.is_set():
@@ -337,7 +338,8 @@ class PartitionRunner:
                         cost,
                     )
                     self.ledger.settle_many([Settlement(res, cost, 0, "discarded")])
-                    if not self.s.retry.should_retry(attempts):
+                    failures += 1
+                    if not self.s.retry.should_retry(failures):
                         self.report.failed += 1
                         return
                     again, _ = self._reserve([prompt])
@@ -345,7 +347,7 @@ class PartitionRunner:
                         return  # no headroom left for a retry: the prompt stays pending
                     res = again[0]
                     continue
-                self.limiter.on_success()
+                self.limiter.on_success(raw.latency_s)
                 record = success_record(
                     prompt,
                     out.data,
@@ -361,10 +363,11 @@ class PartitionRunner:
                 # The request may have been billed (an abandoned request is billed in full): charge what
                 # /generation says or else the worst case, then reserve afresh for the retry.
                 await self._charge_uncertain(res, raw)
-                if not self.s.retry.should_retry(attempts):
+                failures += 1
+                if not self.s.retry.should_retry(failures):
                     self.report.failed += 1
                     return
-                await self._sleep(self.s.retry.delay(attempts, out.retry_after_s))
+                await self._sleep(self.s.retry.delay(failures, out.retry_after_s))
                 again, _ = self._reserve([prompt])
                 if not again:
                     return  # no headroom for a retry: the prompt stays pending
@@ -374,9 +377,16 @@ class PartitionRunner:
                 self.ledger.record_spend(self.job.dataset, self.job.key, prompt.prompt_id, out.cost_usd, "error")
                 self.report.spent_usd += out.cost_usd
             if out.action is Action.RETRY:
-                if out.error_class in ("rate_limited", "in_flight_budget", "no_provider"):
+                if out.error_class in CONGESTION:
+                    # The server asked us to slow down: that is pacing, not this prompt failing, so it draws
+                    # on its own (much larger) allowance instead of max_attempts.
                     self.limiter.on_congestion()
-                if not self.s.retry.should_retry(attempts):
+                    congestion_waits += 1
+                    if congestion_waits <= self.s.retry.max_congestion_waits:
+                        await self._sleep(self.s.retry.delay(min(congestion_waits, 8), out.retry_after_s))
+                        continue
+                failures += 1
+                if not self.s.retry.should_retry(failures):
                     self.report.failed += 1
                     self.ledger.release(res)
                     log.warning(
@@ -387,7 +397,7 @@ class PartitionRunner:
                         out.error_class,
                     )
                     return
-                await self._sleep(self.s.retry.delay(attempts, out.retry_after_s))
+                await self._sleep(self.s.retry.delay(failures, out.retry_after_s))
                 continue
             if out.action is Action.SKIP:
                 await self._commit_q.put((skipped_record(prompt, out.error_class, out.message, attempts), res))

@@ -35,6 +35,7 @@ def openrouter_from_env() -> OpenRouterResource:
             budget_usd=budget,
             max_tokens=int(os.environ.get("EAGLE_FORGE_MAX_TOKENS", "1024")),
             max_in_flight=int(os.environ.get("EAGLE_FORGE_MAX_IN_FLIGHT", "2000")),
+            request_timeout_s=float(os.environ.get("EAGLE_FORGE_REQUEST_TIMEOUT_S", "120")),
             progress_interval_s=2.0,
             key_poll_interval_s=2.0,
         )

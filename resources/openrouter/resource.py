@@ -63,7 +63,8 @@ class OpenRouterResource(ConfigurableResource):
     ledger_path: str = Field("", description="Ledger SQLite file; default $EAGLE_FORGE_HOME/state/ledger.sqlite")
     tokenizer_path: str = Field("", description="Kimi tokenizer dir for prompt-cost estimates")
     request_timeout_s: float = 600.0
-    max_attempts: int = 10
+    max_attempts: int = Field(10, description="Failed attempts (5xx, timeouts, torn bodies...) allowed per prompt")
+    max_congestion_waits: int = Field(200, description="429/in-flight-402/503 waits per prompt (pacing, not failure)")
     retry_base_delay_s: float = 0.5
     retry_max_delay_s: float = 60.0
     progress_interval_s: float = 5.0
@@ -96,7 +97,12 @@ class OpenRouterResource(ConfigurableResource):
             sampling=sampling,
             max_in_flight=self.max_in_flight,
             min_in_flight=self.min_in_flight,
-            retry=RetryPolicy(self.max_attempts, self.retry_base_delay_s, self.retry_max_delay_s),
+            retry=RetryPolicy(
+                max_attempts=self.max_attempts,
+                max_congestion_waits=self.max_congestion_waits,
+                base_delay_s=self.retry_base_delay_s,
+                max_delay_s=self.retry_max_delay_s,
+            ),
             key_poll_interval_s=self.key_poll_interval_s,
             progress_interval_s=self.progress_interval_s,
         )

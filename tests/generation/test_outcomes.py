@@ -85,17 +85,30 @@ def test_backoff_full_jitter_bounds_and_retry_after_floor():
 
 def test_aimd_halves_once_per_episode_and_recovers():
     lim = AdaptiveLimiter(maximum=1000, minimum=10, cooldown_s=1.0)
-    lim.on_congestion(now=100.0)
-    lim.on_congestion(now=100.5)  # same episode: no second halving
+
+    def burst(now: float, n: int = 5) -> None:
+        for _ in range(n):
+            lim.on_congestion(now=now)
+
+    burst(100.0)
+    burst(100.5)
+    assert lim.current == 1000  # the episode is still open
+    burst(101.1)  # its first answer closes the episode: 10 of 10 were 429s
     assert lim.current == 500
-    lim.on_congestion(now=101.6)
+    burst(101.5)  # same episode: no second halving
+    assert lim.current == 500
+    burst(102.2)
     assert lim.current == 250
-    for _ in range(100):
-        lim.on_congestion(now=200.0 + _ * 2)
+    for i in range(100):
+        burst(200.0 + i * 2)
     assert lim.current == 10  # floor
     for _ in range(20000):
         lim.on_success()
     assert lim.current == 1000  # ceiling regained, never passed
+    sparse = AdaptiveLimiter(maximum=1000, cooldown_s=1.0)
+    for i in range(20):  # a lone 429 now and then is no evidence of congestion
+        sparse.on_congestion(now=float(i * 3))
+    assert sparse.current == 1000
 
 
 async def test_limiter_bounds_in_flight():
@@ -113,3 +126,22 @@ async def test_limiter_bounds_in_flight():
 
     await asyncio.gather(*(job() for _ in range(50)))
     assert peak == 5 and lim.in_flight == 0
+
+
+def test_aimd_ignores_sparse_random_429s_but_halves_under_a_storm():
+    lim = AdaptiveLimiter(maximum=1000, minimum=10, cooldown_s=1.0, loss_threshold=0.1)
+    t = 0.0
+    for i in range(2000):  # 3% random 429s: not congestion
+        t += 0.001
+        if i % 33 == 0:
+            lim.on_congestion(now=t)
+        else:
+            lim.on_success(now=t)
+    assert lim.current == 1000 and lim.decreases == 0
+    for _ in range(5):  # a storm: most answers are 429s, one decrease per episode
+        t += 1.01
+        for _ in range(10):
+            lim.on_congestion(now=t)
+        lim.on_success(now=t)
+    lim.on_success(now=t + 1.01)  # the next answer closes the last storm episode
+    assert lim.decreases == 5 and lim.current < 1000 / 16
