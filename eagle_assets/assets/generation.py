@@ -72,9 +72,7 @@ def run_generation(
     for p in problems[:MAX_LOGGED_PROBLEMS]:
         context.log.warning(f"skipping malformed prompt row {p}")
     if len(problems) > MAX_LOGGED_PROBLEMS:
-        context.log.warning(
-            f"... and {len(problems) - MAX_LOGGED_PROBLEMS} more malformed rows in {spec.path}"
-        )
+        context.log.warning(f"... and {len(problems) - MAX_LOGGED_PROBLEMS} more malformed rows in {spec.path}")
     lo, hi = spec.shard_range(shard)
     shard_prompts = [p for p in prompts if lo <= p.index < hi]
     journal, parquet = partition_paths(spec.name, shard)
@@ -91,9 +89,7 @@ def run_generation(
             allow_retries=False,
         )
     if report.stop_reason == "fatal":
-        raise dg.Failure(
-            description=f"generation stopped: {report.stop_detail}", metadata=meta, allow_retries=False
-        )
+        raise dg.Failure(description=f"generation stopped: {report.stop_detail}", metadata=meta, allow_retries=False)
     if report.stop_reason == "failures":
         raise dg.Failure(
             description=f"{report.stop_detail} ({report.done} of {report.total} done)",

@@ -27,9 +27,7 @@ class Prompt:
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None
     line: int
-    index: (
-        int  # ordinal among the file's non-blank rows: shards are cut on it, so a bad row never shifts them
-    )
+    index: int  # ordinal among the file's non-blank rows: shards are cut on it, so a bad row never shifts them
 
 
 @dataclass(frozen=True)

@@ -71,9 +71,7 @@ def _b2(r: random.Random, i: int) -> dict[str, Any]:
 
 def _b3(r: random.Random, i: int) -> dict[str, Any]:
     a, b = r.randint(2, 999), r.randint(2, 999)
-    return {
-        "messages": [{"role": "user", "content": f"What is {a} × {b}? Show your reasoning step by step."}]
-    }
+    return {"messages": [{"role": "user", "content": f"What is {a} × {b}? Show your reasoning step by step."}]}
 
 
 def _b4(r: random.Random, i: int) -> dict[str, Any]:
@@ -132,9 +130,7 @@ def sample_rows(name: str, count: int, seed: int = 0) -> list[dict[str, Any]]:
     return [{"id": f"{name.lower()}-{i:06d}", **builder(r, i)} for i in range(count)]
 
 
-def write_samples(
-    directory: Path, count: int = 48, seed: int = 0, names: list[str] | None = None
-) -> list[Path]:
+def write_samples(directory: Path, count: int = 48, seed: int = 0, names: list[str] | None = None) -> list[Path]:
     """Write ``{name}.jsonl`` files atomically; existing files are left alone."""
     directory.mkdir(parents=True, exist_ok=True)
     paths = []
