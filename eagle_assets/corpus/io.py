@@ -16,18 +16,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from eagle_assets.durable_files import atomic_write_bytes, fsync_dir
+
 DEFAULT_ROW_GROUP_TOKENS = 1_000_000
 DEFAULT_ROW_GROUP_ROWS = 4096
 _FINGERPRINT_CHUNK = 1 << 20
-
-
-def fsync_dir(path: Path) -> None:
-    """Make a rename durable: without it, a power loss can bring back the old directory entry."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def row_group_bounds(n_tokens: np.ndarray, max_tokens: int, max_rows: int) -> list[tuple[int, int]]:
@@ -103,17 +96,7 @@ def write_parquet_atomic(
 def write_bytes_atomic(path: Path, data: bytes) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
+    atomic_write_bytes(path, data)
 
 
 def file_fingerprint(path: Path) -> str:

@@ -8,15 +8,15 @@ moved once the checkpoint it names is durable.
 from __future__ import annotations
 
 import json
-import os
 import random
-import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from eagle_assets.durable_files import atomic_file
 
 LATEST = "latest.json"
 
@@ -48,38 +48,14 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
         torch.cuda.set_rng_state_all([_bytes_tensor(b) for b in state["cuda"]])
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def atomic_torch_save(obj: Any, path: Path) -> None:
-    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
-        with tmp.open("wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with atomic_file(path, "wb") as f:
+        torch.save(obj, f)
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
-        with tmp.open("w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with atomic_file(path, "w") as f:
+        f.write(text)
 
 
 def latest_checkpoint(directory: str | Path) -> Path | None:

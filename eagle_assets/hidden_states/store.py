@@ -54,6 +54,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from eagle_assets.durable_files import atomic_write_bytes as durable_atomic_write_bytes
+from eagle_assets.durable_files import fsync_dir
 from eagle_assets.hidden_states.layers import AuxLayers
 
 FORMAT = "eagle-forge-hidden-states"
@@ -199,27 +201,9 @@ def check_disk(path: str | Path, bytes_needed: int, *, reserve_bytes: int = 0) -
 # Small filesystem helpers
 
 
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """tmp + fsync + rename + directory fsync: readers see the old or the new file, never a torn one."""
-    tmp = path.with_name(f"{path.name}.tmp-{_host()}-{os.getpid()}-{uuid.uuid4().hex[:6]}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+    """Temporaries carry host and pid so that crash leftovers of dead processes can be swept."""
+    durable_atomic_write_bytes(path, data, f"{path.name}.tmp-{_host()}-{os.getpid()}-{uuid.uuid4().hex[:6]}")
 
 
 def _host() -> str:
