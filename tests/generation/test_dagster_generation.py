@@ -35,9 +35,9 @@ def forge_home(tmp_path, monkeypatch):
 
 def resource_for(base_url: str, **kw) -> OpenRouterResource:
     kw.setdefault("budget_usd", 100.0)
+    kw.setdefault("max_tokens", 128)
     return OpenRouterResource(
         base_url=base_url,
-        max_tokens=128,
         max_in_flight=32,
         request_timeout_s=5.0,
         retry_base_delay_s=0.01,
@@ -136,3 +136,30 @@ def test_credits_sensor_backfills_exactly_the_missing_partitions(tmp_path, forge
         assert all(s == dg.AssetPartitionStatus.MATERIALIZED for s in status.values())
         ctx4 = dg.build_sensor_context(instance=instance, resources={"openrouter": res}, cursor=ctx3.cursor)
         assert isinstance(sensor(ctx4), dg.SkipReason)
+
+
+def test_tokenized_partition_matches_the_api_token_counts_exactly(tmp_path, forge_home):
+    from eagle_assets.assets.tokens import build_tokenized_asset, tokenized_path
+    from eagle_assets.corpus.tokenized_schema import EOT_ID, read_tokenized
+
+    spec = DatasetSpec("K4", write_prompts(tmp_path / "k4.jsonl", 40, tag="z"), 10**9, 40)
+    gen = build_generated_asset(spec)
+    tok = build_tokenized_asset(spec, gen.partitions_def)
+    cfg = SimulatorConfig(latency=LatencyConfig.fixed(0.005), mean_completion_tokens=80, tokenizer_dir=tokenizer_dir())
+    with run_simulator_in_thread(cfg) as sim, dg.instance_for_test() as instance:
+        res = resource_for(sim.base_url, max_tokens=64)
+        result = dg.materialize([gen, tok], partition_key="0000", instance=instance, resources={"openrouter": res})
+        assert result.success
+        md = result.asset_materializations_for_node(tok.node_def.name)[0].metadata
+        assert md["samples"].value == 40
+        assert md["samples_with_token_diff"].value == 0  # exact on the simulator
+        frame = read_tokenized(tokenized_path("K4", "0000"))
+        for row in frame.iter_rows(named=True):
+            ids, mask = row["input_ids"], row["loss_mask"]
+            assert len(ids) == len(mask) == row["prompt_len"] + row["completion_len"]
+            assert sum(mask) == row["completion_len"] and mask[: row["prompt_len"]] == [0] * row["prompt_len"]
+            if row["finish_reason"] == "length":
+                assert EOT_ID not in ids[row["prompt_len"] :]
+            else:
+                assert ids[-1] == EOT_ID and ids[row["prompt_len"] :].count(EOT_ID) == 1
+        assert set(frame["finish_reason"]) >= {"length"}  # max_tokens 64 cuts some responses

@@ -1,0 +1,64 @@
+"""Generated Parquet partition → tokenized rows: exact ids, loss mask, and the API's token counts.
+
+The comparison with ``usage.completion_tokens`` is what proves the reconstruction: a drift means
+our ids are not what the target produced.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import polars as pl
+
+from eagle_assets.corpus.tokenized_schema import tokenized_row
+from eagle_assets.tokenization.kimi_tokenizer import KimiTokenizer
+from eagle_assets.tokenization.reconstruction import reconstruct_batch
+
+
+def _json(value: str | None) -> Any:
+    return None if value is None else orjson.loads(value)
+
+
+@dataclass(frozen=True)
+class TokenizeSummary:
+    samples: int
+    tokens: int
+    completion_tokens: int
+    api_completion_tokens: int
+    nonzero_diffs: int
+
+    @property
+    def relative_diff(self) -> float:
+        return abs(self.completion_tokens - self.api_completion_tokens) / max(1, self.api_completion_tokens)
+
+
+def tokenize_generated(
+    generated: Path, dataset: str, shard: str, tokenizer: KimiTokenizer
+) -> tuple[list[dict[str, Any]], TokenizeSummary]:
+    frame = pl.read_parquet(generated)
+    records = [
+        {**r, "messages": _json(r["messages"]), "tools": _json(r["tools"]), "tool_calls": _json(r["tool_calls"])}
+        for r in frame.iter_rows(named=True)
+    ]
+    recons = reconstruct_batch(records, tokenizer)
+    rows = [
+        tokenized_row(
+            rc,
+            prompt_id=r["prompt_id"],
+            dataset=dataset,
+            shard=shard,
+            api_completion_tokens=int(r["completion_tokens"] or 0),
+            finish_reason=r["finish_reason"],
+            provider=r["provider"],
+        )
+        for rc, r in zip(recons, records, strict=True)
+    ]
+    summary = TokenizeSummary(
+        samples=len(rows),
+        tokens=sum(r["n_tokens"] for r in rows),
+        completion_tokens=sum(r["completion_len"] for r in rows),
+        api_completion_tokens=sum(r["api_completion_tokens"] for r in rows),
+        nonzero_diffs=sum(1 for r in rows if r["token_diff"]),
+    )
+    return rows, summary
