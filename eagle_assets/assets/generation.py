@@ -24,10 +24,12 @@ def generated_asset_key(dataset: str) -> dg.AssetKey:
     return dg.AssetKey(["generated", dataset])
 
 
-def partition_paths(dataset: str, shard: str) -> tuple[str, str]:
-    journal = settings.journal_dir() / dataset / f"{shard}.journal"
-    parquet = settings.generated_dir() / dataset / f"{shard}.parquet"
-    return str(journal), str(parquet)
+def partition_paths(dataset: str, shard: str) -> tuple[Path, Path]:
+    """The partition's journal and its Parquet output."""
+    return (
+        settings.journal_dir() / dataset / f"{shard}.journal",
+        settings.generated_dir() / dataset / f"{shard}.parquet",
+    )
 
 
 def _md_table(header: tuple[str, str], rows: list[tuple[str, object]]) -> str:
@@ -35,7 +37,7 @@ def _md_table(header: tuple[str, str], rows: list[tuple[str, object]]) -> str:
     return "\n".join(lines)
 
 
-def report_metadata(report: PartitionReport, parquet: str | None) -> dict[str, dg.MetadataValue]:
+def report_metadata(report: PartitionReport) -> dict[str, dg.MetadataValue]:
     meta: dict[str, dg.MetadataValue] = {
         "prompts_total": dg.MetadataValue.int(report.total),
         "prompts_done": dg.MetadataValue.int(report.done),
@@ -59,8 +61,6 @@ def report_metadata(report: PartitionReport, parquet: str | None) -> dict[str, d
             else "none this run"
         ),
     }
-    if parquet:
-        meta["path"] = dg.MetadataValue.path(parquet)
     return meta
 
 
@@ -76,10 +76,10 @@ def run_generation(
     lo, hi = spec.shard_range(shard)
     shard_prompts = [p for p in prompts if lo <= p.index < hi]
     journal, parquet = partition_paths(spec.name, shard)
-    job = PartitionJob(spec.name, shard, shard_prompts, spec.output_token_budget, Path(journal))
+    job = PartitionJob(spec.name, shard, shard_prompts, spec.output_token_budget, journal)
     report = openrouter.run_partition(job, context.log)
     context.log.info(report.summary())
-    meta = report_metadata(report, None)
+    meta = report_metadata(report)
     meta["malformed_rows_in_file"] = dg.MetadataValue.int(len(problems))
     if report.stop_reason in ("budget", "credits"):
         raise dg.Failure(
@@ -96,10 +96,8 @@ def run_generation(
             metadata=meta,
             allow_retries=False,
         )
-    rows = write_partition_parquet(Path(journal), Path(parquet))
-    meta = report_metadata(report, parquet)
-    meta["rows"] = dg.MetadataValue.int(rows)
-    meta["malformed_rows_in_file"] = dg.MetadataValue.int(len(problems))
+    meta["rows"] = dg.MetadataValue.int(write_partition_parquet(journal, parquet))
+    meta["path"] = dg.MetadataValue.path(str(parquet))
     return dg.MaterializeResult(metadata=meta)
 
 

@@ -35,15 +35,13 @@ def build_tokenized_asset(spec: DatasetSpec, partitions_def: dg.PartitionsDefini
     def _tokenized(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         shard = context.partition_key
         generated = partition_paths(spec.name, shard)[1]
-        if not Path(generated).is_file():
+        if not generated.is_file():
             raise dg.Failure(
                 description=f"no generated data for {spec.name}/{shard} at {generated}: "
                 "materialize the generation partition first",
                 allow_retries=False,
             )
-        rows, summary = tokenize_generated(
-            Path(generated), spec.name, shard, load_kimi_tokenizer(settings.tokenizer_dir())
-        )
+        rows, summary = tokenize_generated(generated, spec.name, shard, load_kimi_tokenizer(settings.tokenizer_dir()))
         out = tokenized_path(spec.name, shard)
         out.parent.mkdir(parents=True, exist_ok=True)
         write_tokenized(out, rows)

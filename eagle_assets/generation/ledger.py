@@ -72,7 +72,7 @@ class Settlement:
 
 @dataclass(frozen=True)
 class Denial:
-    """Why a reservation was refused: ``usd`` budget, dataset ``tokens`` budget, or ``in_flight``."""
+    """Why a reservation was refused: the ``usd`` budget, the dataset's ``tokens`` budget, or the key's ``credits``."""
 
     reason: str
     detail: str
@@ -183,7 +183,6 @@ class BudgetLedger:
         *,
         budget_usd: float,
         token_budget: int | None,
-        max_in_flight: int | None = None,
     ) -> tuple[list[Reservation], Denial | None]:
         """Reserve (dataset, partition, prompt_id, usd, tokens) in order until one does not fit."""
         granted: list[Reservation] = []
@@ -191,14 +190,11 @@ class BudgetLedger:
         now = time.time()
         with self._tx() as cur:
             for dataset, partition, prompt_id, usd, tokens in requests:
-                g = cur.execute(
-                    "SELECT usd_spent + usd_reserved, in_flight FROM totals WHERE scope = ?", (GLOBAL,)
-                ).fetchone() or (0.0, 0)
-                if g[0] + _n(usd) > _n(budget_usd):
-                    denial = Denial("usd", f"${g[0] / NANO:.4f} spent or reserved of ${budget_usd:.2f} budget")
-                    break
-                if max_in_flight is not None and g[1] >= max_in_flight:
-                    denial = Denial("in_flight", f"{g[1]} requests in flight across processes")
+                (committed,) = cur.execute(
+                    "SELECT usd_spent + usd_reserved FROM totals WHERE scope = ?", (GLOBAL,)
+                ).fetchone() or (0,)
+                if committed + _n(usd) > _n(budget_usd):
+                    denial = Denial("usd", f"${committed / NANO:.4f} spent or reserved of ${budget_usd:.2f} budget")
                     break
                 if token_budget is not None:
                     d = cur.execute(

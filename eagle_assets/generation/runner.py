@@ -285,12 +285,10 @@ class PartitionRunner:
     def _stop_for(self, denial: Denial) -> None:
         if denial.reason == "credits":
             self._stop("credits", denial.detail)
-        elif denial.reason == "usd":
-            self._stop("budget", f"dollar budget reached: {denial.detail}")
         elif denial.reason == "tokens":
             self._stop("tokens", f"dataset output-token budget reached: {denial.detail}")
         else:
-            self._stop("budget", denial.detail)
+            self._stop("budget", f"dollar budget reached: {denial.detail}")
 
     def _stop(self, reason: str, detail: str, abort: bool = False) -> None:
         if self.report.stop_reason in ("completed", "failures") or reason == "fatal":

@@ -6,7 +6,6 @@ ms of CPU per request on 2 cores), while aiohttp's connector costs about a milli
 answers: it returns a ``RawResponse`` and ``outcomes.classify`` decides what it means.
 """
 
-import asyncio
 import time
 from types import TracebackType
 from typing import Any
@@ -113,17 +112,3 @@ class OpenRouterClient:
             if exc.status == 404:
                 return None
             raise
-
-
-async def wait_for_server(base_url: str, timeout_s: float = 10.0) -> None:
-    """Poll until something answers HTTP at ``base_url`` (used for the local simulator)."""
-    deadline = time.monotonic() + timeout_s
-    async with aiohttp.ClientSession() as s:
-        while True:
-            try:
-                async with s.get(base_url.rstrip("/") + "/key", timeout=aiohttp.ClientTimeout(total=2)):
-                    return
-            except (aiohttp.ClientError, TimeoutError):
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.1)

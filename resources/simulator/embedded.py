@@ -12,7 +12,6 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 from urllib.parse import urlparse
 
 from eagle_assets import settings
@@ -82,18 +81,3 @@ def ensure_embedded_simulator(base_url: str, wait_s: float = 30.0) -> None:
                     f"the embedded simulator did not come up at {base_url}; see {state / 'simulator.log'}"
                 )
             time.sleep(0.1)
-
-
-def stop_embedded_simulator(base_url: str) -> None:
-    """Used by the demo script on exit; finds the process by its port."""
-    import psutil
-
-    port = urlparse(base_url).port
-    for proc in psutil.process_iter(["cmdline"]):
-        cmd = proc.info.get("cmdline") or []
-        if "resources.simulator" in cmd and str(port) in cmd:
-            proc.terminate()
-
-
-def simulator_home() -> Path:
-    return settings.forge_home() / "simulator"
