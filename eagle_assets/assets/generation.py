@@ -4,15 +4,20 @@ One asset per dataset (not a static × dynamic grid) because every dataset has i
 shards; a backfill of "failed and missing" then re-runs exactly the shards left.
 """
 
+import json
 from pathlib import Path
 
 import dagster as dg
 
 from eagle_assets import settings
+from eagle_assets.assets.checks import GENERATED_CHECKS, check_results, check_specs
+from eagle_assets.corpus.validation import run_generated_checks
 from eagle_assets.datasets.config import DatasetSpec
 from eagle_assets.datasets.prompts import load_prompts
+from eagle_assets.durable_files import atomic_write_bytes
 from eagle_assets.generation.partition_output import write_partition_parquet
 from eagle_assets.generation.runner import PartitionJob, PartitionReport
+from resources.duckdb.resource import DuckDBResource
 from resources.openrouter.resource import OpenRouterResource
 
 GENERATION_GROUP = "generation"
@@ -30,6 +35,28 @@ def partition_paths(dataset: str, shard: str) -> tuple[Path, Path]:
         settings.journal_dir() / dataset / f"{shard}.journal",
         settings.generated_dir() / dataset / f"{shard}.parquet",
     )
+
+
+def allowed_providers_path(dataset: str, shard: str) -> Path:
+    """Beside the Parquet: the providers the policy allowed when this partition's responses were bought."""
+    return settings.generated_dir() / dataset / f"{shard}.providers.json"
+
+
+def record_allowed_providers(dataset: str, shard: str, names: list[str]) -> list[str]:
+    """Union over the runs that filled the partition: a response kept by an earlier run stays valid."""
+    path = allowed_providers_path(dataset, shard)
+    merged = sorted(set(names) | set(read_allowed_providers(dataset, shard)))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(path, (json.dumps(merged) + "\n").encode())
+    return merged
+
+
+def read_allowed_providers(dataset: str, shard: str) -> list[str]:
+    path = allowed_providers_path(dataset, shard)
+    try:
+        return list(json.loads(path.read_text()))
+    except FileNotFoundError:
+        return []
 
 
 def _md_table(header: tuple[str, str], rows: list[tuple[str, object]]) -> str:
@@ -65,7 +92,7 @@ def report_metadata(report: PartitionReport) -> dict[str, dg.MetadataValue]:
 
 
 def run_generation(
-    context: dg.AssetExecutionContext, spec: DatasetSpec, openrouter: OpenRouterResource
+    context: dg.AssetExecutionContext, spec: DatasetSpec, openrouter: OpenRouterResource, duckdb: DuckDBResource
 ) -> dg.MaterializeResult:
     shard = context.partition_key
     prompts, problems = load_prompts(spec.path)
@@ -79,6 +106,7 @@ def run_generation(
     job = PartitionJob(spec.name, shard, shard_prompts, spec.output_token_budget, journal)
     report = openrouter.run_partition(job, context.log)
     context.log.info(report.summary())
+    allowed = record_allowed_providers(spec.name, shard, report.allowed_providers)
     meta = report_metadata(report)
     meta["malformed_rows_in_file"] = dg.MetadataValue.int(len(problems))
     if report.stop_reason in ("budget", "credits"):
@@ -98,7 +126,10 @@ def run_generation(
         )
     meta["rows"] = dg.MetadataValue.int(write_partition_parquet(journal, parquet))
     meta["path"] = dg.MetadataValue.path(str(parquet))
-    return dg.MaterializeResult(metadata=meta)
+    outcomes = run_generated_checks(parquet, allowed, duckdb.settings())
+    return dg.MaterializeResult(
+        metadata=meta, check_results=check_results(context.asset_key, outcomes, GENERATED_CHECKS)
+    )
 
 
 def build_generated_asset(spec: DatasetSpec) -> dg.AssetsDefinition:
@@ -107,12 +138,15 @@ def build_generated_asset(spec: DatasetSpec) -> dg.AssetsDefinition:
         group_name=GENERATION_GROUP,
         partitions_def=dg.StaticPartitionsDefinition(spec.shard_keys()),
         pool=GENERATION_POOL,
+        check_specs=check_specs(generated_asset_key(spec.name), GENERATED_CHECKS, blocking=False),
         kinds={"openrouter", "parquet"},
         tags={"eagle-forge/stage": "generation", "eagle-forge/dataset": spec.name},
         description=f"{spec.name}: target-model responses for {spec.path.name}"
         f"{' (' + spec.description + ')' if spec.description else ''}, {spec.shard_size} prompts/shard.",
     )
-    def _generated(context: dg.AssetExecutionContext, openrouter: OpenRouterResource) -> dg.MaterializeResult:
-        return run_generation(context, spec, openrouter)
+    def _generated(
+        context: dg.AssetExecutionContext, openrouter: OpenRouterResource, duckdb: DuckDBResource
+    ) -> dg.MaterializeResult:
+        return run_generation(context, spec, openrouter, duckdb)
 
     return _generated

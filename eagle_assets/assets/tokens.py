@@ -5,11 +5,14 @@ from pathlib import Path
 import dagster as dg
 
 from eagle_assets import settings
-from eagle_assets.assets.generation import generated_asset_key, partition_paths
+from eagle_assets.assets.checks import TOKENIZED_CHECKS, check_results, check_specs
+from eagle_assets.assets.generation import generated_asset_key, partition_paths, read_allowed_providers
 from eagle_assets.corpus.tokenize_partition import tokenize_generated
 from eagle_assets.corpus.tokenized_schema import write_tokenized
+from eagle_assets.corpus.validation import run_tokenized_checks
 from eagle_assets.datasets.config import DatasetSpec
 from eagle_assets.tokenization.kimi_tokenizer import load_kimi_tokenizer
+from resources.duckdb.resource import DuckDBResource
 
 TOKENS_GROUP = "tokens"
 
@@ -22,17 +25,30 @@ def tokenized_path(dataset: str, shard: str) -> Path:
     return settings.forge_home() / "tokenized" / dataset / f"{shard}.parquet"
 
 
+def length_metadata(lengths: dict[str, float | int | str]) -> dict[str, dg.MetadataValue]:
+    """Sample lengths in tokens (they size the hidden-state store and the training batches)."""
+    order = ("min", "p50", "p90", "p99", "max", "mean")
+    table = "| " + " | ".join(order) + " |\n|" + "---|" * len(order) + "\n| "
+    table += " | ".join(f"{float(lengths[k]):.0f}" for k in order) + " |"
+    return {
+        "length_distribution": dg.MetadataValue.md(table),
+        "length_p50": dg.MetadataValue.int(int(lengths["p50"])),
+        "length_max": dg.MetadataValue.int(int(lengths["max"])),
+    }
+
+
 def build_tokenized_asset(spec: DatasetSpec, partitions_def: dg.PartitionsDefinition) -> dg.AssetsDefinition:
     @dg.asset(
         key=tokenized_asset_key(spec.name),
         deps=[generated_asset_key(spec.name)],
         group_name=TOKENS_GROUP,
         partitions_def=partitions_def,
-        kinds={"parquet"},
+        kinds={"parquet", "duckdb"},
+        check_specs=check_specs(tokenized_asset_key(spec.name), TOKENIZED_CHECKS, blocking=True),
         tags={"eagle-forge/stage": "tokens", "eagle-forge/dataset": spec.name},
         description=f"{spec.name}: exact Kimi token ids, loss masks and API token-count differences per shard.",
     )
-    def _tokenized(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+    def _tokenized(context: dg.AssetExecutionContext, duckdb: DuckDBResource) -> dg.MaterializeResult:
         shard = context.partition_key
         generated = partition_paths(spec.name, shard)[1]
         if not generated.is_file():
@@ -45,8 +61,13 @@ def build_tokenized_asset(spec: DatasetSpec, partitions_def: dg.PartitionsDefini
         out = tokenized_path(spec.name, shard)
         out.parent.mkdir(parents=True, exist_ok=True)
         write_tokenized(out, rows)
+        db = duckdb.settings()
+        outcomes = run_tokenized_checks(out, read_allowed_providers(spec.name, shard), settings=db)
+        lengths = next(o for o in outcomes if o.name == "length_distribution").metadata
         return dg.MaterializeResult(
+            check_results=check_results(context.asset_key, outcomes, TOKENIZED_CHECKS),
             metadata={
+                **length_metadata(lengths),
                 "path": dg.MetadataValue.path(str(out)),
                 "samples": dg.MetadataValue.int(summary.samples),
                 "tokens": dg.MetadataValue.int(summary.tokens),
@@ -54,7 +75,7 @@ def build_tokenized_asset(spec: DatasetSpec, partitions_def: dg.PartitionsDefini
                 "api_completion_tokens": dg.MetadataValue.int(summary.api_completion_tokens),
                 "token_count_relative_diff": dg.MetadataValue.float(summary.relative_diff),
                 "samples_with_token_diff": dg.MetadataValue.int(summary.nonzero_diffs),
-            }
+            },
         )
 
     return _tokenized

@@ -97,6 +97,7 @@ class PartitionReport:
     refunded_orphans_usd: float = 0.0
     dropped_torn_bytes: int = 0
     peak_in_flight: int = 0
+    allowed_providers: list[str] = field(default_factory=list)  # as responses name them, for the data checks
 
     @property
     def done(self) -> int:
@@ -135,6 +136,7 @@ class PartitionRunner:
         self.estimate = estimate_prompt_tokens
         self.emit = emit or log.info
         self.report = PartitionReport(job.key, total=len(job.prompts))
+        self.report.allowed_providers = sorted({n for e in providers.allowed for n in (e.provider_name, e.slug)})
         self.limiter = AdaptiveLimiter(settings.max_in_flight, min(settings.min_in_flight, settings.max_in_flight))
         self._active = asyncio.Semaphore(settings.max_in_flight)
         self._commit_q: asyncio.Queue[tuple[dict[str, Any], Reservation | None]] = asyncio.Queue()

@@ -12,6 +12,7 @@ from eagle_assets.assets.generation import build_generated_asset
 from eagle_assets.datasets.config import DatasetSpec
 from eagle_assets.generation.journal import read_records
 from eagle_assets.settings import tokenizer_dir
+from resources.duckdb.resource import DuckDBResource
 from resources.openrouter.resource import OpenRouterResource
 from resources.simulator.config import LatencyConfig, SimulatorConfig
 from resources.simulator.control import run_simulator_in_thread
@@ -59,7 +60,11 @@ def test_materialize_partitions_with_metadata_and_budget_resume(tmp_path, forge_
         # A budget that runs out part-way: the step fails with a clear, resumable message.
         poor = resource_for(sim.base_url, budget_usd=0.01)
         result = dg.materialize(
-            [asset], partition_key="0000", instance=instance, resources={"openrouter": poor}, raise_on_error=False
+            [asset],
+            partition_key="0000",
+            instance=instance,
+            resources={"openrouter": poor, "duckdb": DuckDBResource()},
+            raise_on_error=False,
         )
         assert not result.success
         failure = next(e for e in result.all_events if e.is_step_failure)
@@ -72,7 +77,9 @@ def test_materialize_partitions_with_metadata_and_budget_resume(tmp_path, forge_
         assert status["0000"] == dg.AssetPartitionStatus.FAILED
         # After raising the budget the same partition continues where it stopped.
         rich = resource_for(sim.base_url, budget_usd=10.0)
-        result = dg.materialize([asset], partition_key="0000", instance=instance, resources={"openrouter": rich})
+        result = dg.materialize(
+            [asset], partition_key="0000", instance=instance, resources={"openrouter": rich, "duckdb": DuckDBResource()}
+        )
         assert result.success
         mat = result.asset_materializations_for_node(asset.node_def.name)[0]
         md = mat.metadata
@@ -110,21 +117,31 @@ def test_credits_sensor_backfills_exactly_the_missing_partitions(tmp_path, forge
     )
     with run_simulator_in_thread(cfg) as sim, dg.instance_for_test() as instance:
         res = resource_for(sim.base_url)
-        defs = dg.Definitions(assets=[asset], sensors=[sensor], resources={"openrouter": res})
-        ctx = dg.build_sensor_context(instance=instance, resources={"openrouter": res})
+        defs = dg.Definitions(
+            assets=[asset], sensors=[sensor], resources={"openrouter": res, "duckdb": DuckDBResource()}
+        )
+        ctx = dg.build_sensor_context(instance=instance, resources={"openrouter": res, "duckdb": DuckDBResource()})
         first = sensor(ctx)
         assert isinstance(first, dg.SkipReason) and "first look" in first.skip_message
         outcomes = [
             dg.materialize(
-                [asset], partition_key=k, instance=instance, resources={"openrouter": res}, raise_on_error=False
+                [asset],
+                partition_key=k,
+                instance=instance,
+                resources={"openrouter": res, "duckdb": DuckDBResource()},
+                raise_on_error=False,
             ).success
             for k in ("0000", "0001", "0002")
         ]
         assert not all(outcomes), "the simulated credits should run out"
-        ctx2 = dg.build_sensor_context(instance=instance, resources={"openrouter": res}, cursor=ctx.cursor)
+        ctx2 = dg.build_sensor_context(
+            instance=instance, resources={"openrouter": res, "duckdb": DuckDBResource()}, cursor=ctx.cursor
+        )
         assert isinstance(sensor(ctx2), dg.SkipReason)  # spent down, no top-up yet
         sim.topup(5.0)
-        ctx3 = dg.build_sensor_context(instance=instance, resources={"openrouter": res}, cursor=ctx2.cursor)
+        ctx3 = dg.build_sensor_context(
+            instance=instance, resources={"openrouter": res, "duckdb": DuckDBResource()}, cursor=ctx2.cursor
+        )
         requests = sensor(ctx3)
         pending = [k for k, ok in zip(("0000", "0001", "0002"), outcomes, strict=True) if not ok]
         assert sorted(r.partition_key for r in requests) == pending
@@ -134,7 +151,9 @@ def test_credits_sensor_backfills_exactly_the_missing_partitions(tmp_path, forge
             assert job.execute_in_process(instance=instance, partition_key=r.partition_key).success
         status = instance.get_status_by_partition(asset.key, ["0000", "0001", "0002"], asset.partitions_def)
         assert all(s == dg.AssetPartitionStatus.MATERIALIZED for s in status.values())
-        ctx4 = dg.build_sensor_context(instance=instance, resources={"openrouter": res}, cursor=ctx3.cursor)
+        ctx4 = dg.build_sensor_context(
+            instance=instance, resources={"openrouter": res, "duckdb": DuckDBResource()}, cursor=ctx3.cursor
+        )
         assert isinstance(sensor(ctx4), dg.SkipReason)
 
 
@@ -148,7 +167,12 @@ def test_tokenized_partition_matches_the_api_token_counts_exactly(tmp_path, forg
     cfg = SimulatorConfig(latency=LatencyConfig.fixed(0.005), mean_completion_tokens=80, tokenizer_dir=tokenizer_dir())
     with run_simulator_in_thread(cfg) as sim, dg.instance_for_test() as instance:
         res = resource_for(sim.base_url, max_tokens=64)
-        result = dg.materialize([gen, tok], partition_key="0000", instance=instance, resources={"openrouter": res})
+        result = dg.materialize(
+            [gen, tok],
+            partition_key="0000",
+            instance=instance,
+            resources={"openrouter": res, "duckdb": DuckDBResource()},
+        )
         assert result.success
         md = result.asset_materializations_for_node(tok.node_def.name)[0].metadata
         assert md["samples"].value == 40

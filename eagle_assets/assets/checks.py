@@ -1,0 +1,85 @@
+"""Asset checks from the DuckDB validation outcomes: one spec per check, results with their evidence.
+
+The checks run inside the asset's own step (specs declared on the asset) rather than as separate
+check ops: they are column scans of the file the step has just written, and a separate op would cost
+a process start per check per partition. Blocking specs stop downstream steps of the same run; the
+corpus asset re-validates its inputs too, so a failing partition cannot slip in through another run.
+"""
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import dagster as dg
+
+from eagle_assets.corpus.validation import CheckOutcome
+
+GENERATED_CHECKS: dict[str, str] = {
+    "unique_prompt_ids": "no prompt id appears twice",
+    "allowed_providers": "every response came from a provider the policy allowed when it was bought",
+    "nonempty_responses": "no response without reasoning, content or tool call",
+    "finish_reasons": "every finish reason is a known one",
+}
+TOKENIZED_CHECKS: dict[str, str] = {
+    "unique_prompt_ids": "no prompt id appears twice",
+    "allowed_providers": "every sample came from an allowed provider",
+    "finish_reasons": "every finish reason is a known one",
+    "token_layout": "lengths agree: input_ids, loss_mask, prompt and completion",
+    "end_of_turn": "exactly one <|im_end|>, at the end, in every finished sample; none in cut-off ones",
+    "token_diff": "rebuilt completion tokens add up to the API's usage (relative bound)",
+}
+
+
+def check_specs(asset_key: dg.AssetKey, checks: dict[str, str], *, blocking: bool) -> list[dg.AssetCheckSpec]:
+    return [
+        dg.AssetCheckSpec(name, asset=asset_key, description=description, blocking=blocking)
+        for name, description in checks.items()
+    ]
+
+
+def _value(value: Any) -> dg.MetadataValue:
+    if isinstance(value, bool):
+        return dg.MetadataValue.bool(value)
+    if isinstance(value, int):
+        return dg.MetadataValue.int(value)
+    if isinstance(value, float):
+        return dg.MetadataValue.float(value)
+    if isinstance(value, dict | list):
+        return dg.MetadataValue.json(value)
+    return dg.MetadataValue.text(str(value))
+
+
+def examples_markdown(rows: Sequence[dict[str, Any]]) -> str:
+    if not rows:
+        return ""
+    columns = list(rows[0])
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(str(r.get(c, "")).replace("|", "\\|")[:120] for c in columns) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def outcome_metadata(outcome: CheckOutcome) -> dict[str, dg.MetadataValue]:
+    meta = {k: _value(v) for k, v in outcome.metadata.items()}
+    meta["summary"] = dg.MetadataValue.text(outcome.summary)
+    if outcome.failing_examples:
+        meta["failing_examples"] = dg.MetadataValue.md(examples_markdown(outcome.failing_examples))
+    return meta
+
+
+def check_results(
+    asset_key: dg.AssetKey, outcomes: Iterable[CheckOutcome], checks: dict[str, str]
+) -> list[dg.AssetCheckResult]:
+    """Results for the declared checks only (an outcome without a spec would be rejected by Dagster)."""
+    by_name = {o.name: o for o in outcomes}
+    missing = sorted(set(checks) - set(by_name))
+    if missing:
+        raise ValueError(f"no outcome for declared checks {missing}")
+    return [
+        dg.AssetCheckResult(
+            asset_key=asset_key,
+            check_name=name,
+            passed=by_name[name].passed,
+            metadata=outcome_metadata(by_name[name]),
+            description=by_name[name].summary,
+        )
+        for name in checks
+    ]

@@ -1,0 +1,180 @@
+"""The merged training corpus: every tokenized partition of B1–B8, validated, deduplicated, shuffled, split.
+
+It re-runs the blocking checks over each dataset as a whole before merging: a partition whose checks
+failed in another run (or were never run) must not reach training, and the token-count bar is an
+aggregate over a dataset, not over one shard. Its shards become the partitions of the hidden-state
+asset (dynamic partitions, since their number follows from the data).
+"""
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import dagster as dg
+from pydantic import Field
+
+from eagle_assets import settings
+from eagle_assets.assets.checks import TOKENIZED_CHECKS
+from eagle_assets.assets.generation import read_allowed_providers
+from eagle_assets.assets.tokens import length_metadata, tokenized_asset_key, tokenized_path
+from eagle_assets.corpus.merge import MergeConfig, merge_corpus
+from eagle_assets.corpus.validation import (
+    DEFAULT_TOKEN_DIFF_BOUND,
+    CheckOutcome,
+    length_distribution,
+    run_tokenized_checks,
+)
+from eagle_assets.datasets.config import DatasetSpec
+from eagle_assets.generation.ledger import BudgetLedger
+from eagle_assets.plots import bar_chart_md
+from resources.duckdb.resource import DuckDBResource
+
+CORPUS_GROUP = "corpus"
+CORPUS_KEY = dg.AssetKey(["corpus"])
+CORPUS_SHARDS = dg.DynamicPartitionsDefinition(name="corpus_shard")
+
+
+def corpus_dir() -> Path:
+    return settings.forge_home() / "corpus"
+
+
+def shard_partition_key(file: str) -> str:
+    """``train/shard-00003.parquet`` → ``train-00003`` (partition keys may not contain slashes)."""
+    split, name = file.split("/", 1)
+    return f"{split}-{name.removeprefix('shard-').removesuffix('.parquet')}"
+
+
+def shard_file(partition_key: str) -> Path:
+    split, number = partition_key.split("-", 1)
+    return corpus_dir() / split / f"shard-{number}.parquet"
+
+
+class CorpusConfig(dg.Config):
+    seed: int = Field(0, description="shuffle seed: the same inputs and seed give the same shards")
+    eval_fraction: float = Field(0.05, ge=0.0, lt=1.0, description="share of samples held out for evaluation")
+    max_samples_per_shard: int = Field(50_000, ge=1)
+    max_tokens_per_shard: int = Field(16_000_000, ge=1)
+    token_diff_bound: float = Field(DEFAULT_TOKEN_DIFF_BOUND, ge=0.0, description="|Σ diff| / Σ API tokens per dataset")
+    allow_missing_partitions: bool = Field(
+        False, description="merge what is there when some shards are not tokenized yet (default: refuse)"
+    )
+
+
+def _failed(outcomes: Sequence[CheckOutcome]) -> list[str]:
+    return [f"{o.name}: {o.summary}" for o in outcomes if o.name in TOKENIZED_CHECKS and not o.passed]
+
+
+def build_corpus_asset(datasets: Sequence[DatasetSpec]) -> dg.AssetsDefinition:
+    @dg.asset(
+        key=CORPUS_KEY,
+        deps=[dg.AssetDep(tokenized_asset_key(s.name), partition_mapping=dg.AllPartitionMapping()) for s in datasets],
+        group_name=CORPUS_GROUP,
+        kinds={"parquet", "duckdb"},
+        tags={"eagle-forge/stage": "corpus"},
+        description="All tokenized partitions, re-validated per dataset, deduplicated, shuffled with a fixed seed, "
+        "split train/eval and written in shards (the hidden-state partitions).",
+    )
+    def corpus(context: dg.AssetExecutionContext, config: CorpusConfig, duckdb: DuckDBResource) -> dg.MaterializeResult:
+        db = duckdb.settings()
+        sources: list[Path] = []
+        missing: list[str] = []
+        problems: list[str] = []
+        tokens: dict[str, float] = {}
+        diffs: dict[str, float] = {}
+        for spec in datasets:
+            files = [tokenized_path(spec.name, k) for k in spec.shard_keys()]
+            missing += [f"{spec.name}/{f.stem}" for f in files if not f.is_file()]
+            present = [f for f in files if f.is_file()]
+            if not present:
+                continue
+            allowed = sorted({p for f in present for p in read_allowed_providers(spec.name, f.stem)})
+            outcomes = run_tokenized_checks(present, allowed, config.token_diff_bound, db)
+            problems += [f"{spec.name}: {p}" for p in _failed(outcomes)]
+            by_name = {o.name: o for o in outcomes}
+            tokens[spec.name] = float(by_name["length_distribution"].metadata["total_tokens"])
+            diffs[spec.name] = float(by_name["token_diff"].metadata["relative_diff"])
+            sources += present
+        if missing and not config.allow_missing_partitions:
+            raise dg.Failure(
+                description=f"{len(missing)} tokenized partitions missing ({', '.join(missing[:12])}"
+                f"{' …' if len(missing) > 12 else ''}): materialize them (or set allow_missing_partitions)",
+                allow_retries=False,
+            )
+        if problems:
+            raise dg.Failure(
+                description="blocking checks fail, nothing merged:\n" + "\n".join(problems), allow_retries=False
+            )
+        if not sources:
+            raise dg.Failure(description="no tokenized partitions to merge", allow_retries=False)
+        merge = MergeConfig(
+            seed=config.seed,
+            eval_fraction=config.eval_fraction,
+            max_samples_per_shard=config.max_samples_per_shard,
+            max_tokens_per_shard=config.max_tokens_per_shard,
+        )
+        result = merge_corpus(sources, corpus_dir(), merge)
+        index = result.index
+        keys = [shard_partition_key(e["file"]) for split in index["splits"].values() for e in split["shards"]]
+        sync_shard_partitions(context.instance, keys)
+        context.log.info(
+            f"corpus {'unchanged' if result.skipped else 'written'}: {index['counts']['samples']} samples, "
+            f"{index['counts']['tokens']} tokens in {len(keys)} shards"
+        )
+        return dg.MaterializeResult(metadata=corpus_metadata(index, tokens, diffs, missing))
+
+    return corpus
+
+
+def sync_shard_partitions(instance: dg.DagsterInstance, keys: Sequence[str]) -> None:
+    """Make the hidden-state partitions exactly the corpus shards (a re-merge may change their number)."""
+    current = set(instance.get_dynamic_partitions(CORPUS_SHARDS.name))
+    new = [k for k in keys if k not in current]
+    if new:
+        instance.add_dynamic_partitions(CORPUS_SHARDS.name, new)
+    for stale in sorted(current - set(keys)):
+        instance.delete_dynamic_partition(CORPUS_SHARDS.name, stale)
+
+
+def dataset_spend_usd(names: Sequence[str]) -> dict[str, float]:
+    path = settings.ledger_path()
+    if not path.is_file():
+        return {}
+    ledger = BudgetLedger(path)
+    try:
+        return {n: ledger.totals(n).usd_spent for n in names}
+    finally:
+        ledger.close()
+
+
+def corpus_metadata(
+    index: dict, tokens: dict[str, float], diffs: dict[str, float], missing: list[str]
+) -> dict[str, dg.MetadataValue]:
+    counts, splits = index["counts"], index["splits"]
+    spend = dataset_spend_usd(list(tokens))
+    rows = "\n".join(f"| {n} | {int(tokens[n])} | {diffs[n]:.5%} | {spend.get(n, 0.0):.4f} |" for n in sorted(tokens))
+    lengths = _corpus_lengths(index)
+    meta: dict[str, dg.MetadataValue] = {
+        "path": dg.MetadataValue.path(str(corpus_dir())),
+        "samples": dg.MetadataValue.int(counts["samples"]),
+        "tokens": dg.MetadataValue.int(counts["tokens"]),
+        "loss_tokens": dg.MetadataValue.int(counts["loss_tokens"]),
+        "duplicates_removed": dg.MetadataValue.int(counts["duplicate_prompt_id"] + counts["duplicate_input_ids"]),
+        "train_samples": dg.MetadataValue.int(splits["train"]["samples"]),
+        "eval_samples": dg.MetadataValue.int(splits["eval"]["samples"]),
+        "shards": dg.MetadataValue.int(sum(len(s["shards"]) for s in splits.values())),
+        "missing_partitions": dg.MetadataValue.int(len(missing)),
+        "datasets": dg.MetadataValue.md(
+            "| dataset | tokens | token count diff vs API | spent USD |\n|---|---|---|---|\n" + rows
+        ),
+        "tokens_per_dataset": dg.MetadataValue.md(bar_chart_md(tokens, "tokens per dataset", "tokens")),
+        "plan_key": dg.MetadataValue.text(index["plan_key"]),
+    }
+    if spend:
+        meta["dollars_per_dataset"] = dg.MetadataValue.md(bar_chart_md(spend, "dollars per dataset", "USD"))
+    if lengths:
+        meta.update(length_metadata(lengths))
+    return meta
+
+
+def _corpus_lengths(index: dict) -> dict[str, float | int | str]:
+    files = [corpus_dir() / e["file"] for s in index["splits"].values() for e in s["shards"]]
+    return length_distribution(files).metadata if files else {}

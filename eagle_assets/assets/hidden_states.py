@@ -1,0 +1,129 @@
+"""Hidden-state stores: the target's three auxiliary features (and last state) for every corpus token.
+
+Partitioned by corpus shard; each partition is one shard of the split's store (``train`` or
+``eval``), written atomically and skipped when already complete, so a re-run resumes. These steps
+need the target model and its accelerators: they are tagged and pooled (``gpu``, one at a time per
+host) so that the rest of the pipeline can run anywhere while they run where the GPUs are.
+"""
+
+import time
+from pathlib import Path
+
+import dagster as dg
+import polars as pl
+
+from eagle_assets import settings
+from eagle_assets.assets.corpus import CORPUS_KEY, CORPUS_SHARDS, shard_file
+from eagle_assets.hidden_states.extract_sglang import read_target_dims
+from eagle_assets.hidden_states.pipeline import Progress
+from eagle_assets.hidden_states.store import InsufficientDiskError, check_disk, estimate_store_bytes
+from resources.target.resource import TargetModelResource
+
+HIDDEN_STATES_GROUP = "hidden_states"
+HIDDEN_STATES_KEY = dg.AssetKey(["hidden_states"])
+GPU_POOL = "gpu"
+GPU_TAGS = {"eagle-forge/runs-on": "gpu-host", "eagle-forge/stage": "hidden_states"}
+GiB = 1 << 30
+
+
+def store_dir(split: str) -> Path:
+    return settings.forge_home() / "hidden_states" / split
+
+
+def _progress_logger(context: dg.AssetExecutionContext, every_s: float = 10.0):
+    last = [0.0]
+
+    def report(p: Progress) -> None:
+        now = time.monotonic()
+        if p.event == "shard" or now - last[0] >= every_s:
+            last[0] = now
+            context.log.info(
+                f"{p.tokens_done}/{p.tokens_total} tokens ({p.fraction:.0%}), {p.tokens_per_s:.0f} tokens/s"
+            )
+
+    return report
+
+
+@dg.asset(
+    key=HIDDEN_STATES_KEY,
+    deps=[CORPUS_KEY],
+    partitions_def=CORPUS_SHARDS,
+    group_name=HIDDEN_STATES_GROUP,
+    pool=GPU_POOL,
+    tags=GPU_TAGS,
+    op_tags=GPU_TAGS,
+    kinds={"pytorch", "safetensors"},
+    description="Per corpus shard: the target's low/mid/high auxiliary hidden states and last hidden state "
+    "for every token, as safetensors shards with an index (bf16 by default). Runs on the GPU host.",
+)
+def hidden_states(context: dg.AssetExecutionContext, target: TargetModelResource) -> dg.MaterializeResult:
+    key = context.partition_key
+    split = key.split("-", 1)[0]
+    source = shard_file(key)
+    if not source.is_file():
+        raise dg.Failure(
+            description=f"corpus shard {key} ({source}) does not exist: re-materialize the corpus", allow_retries=False
+        )
+    rows = pl.read_parquet(source, columns=["prompt_id", "input_ids", "loss_mask"])
+    n_tokens = int(rows["input_ids"].list.len().sum())
+    model_dir = target.model_dir()
+    dims = read_target_dims(model_dir)
+    n_aux = len(target.layers() or (0, 0, 0))
+    need = estimate_store_bytes(n_tokens, dims.hidden_size, n_aux=n_aux, dtype_bytes=target.dtype().itemsize)
+    out = store_dir(split)
+    reserve = int(target.reserve_disk_gb * GiB)
+    try:
+        check_disk(out, need, reserve_bytes=reserve)
+    except InsufficientDiskError as exc:
+        raise dg.Failure(description=str(exc), allow_retries=False) from exc
+    context.log.info(
+        f"{key}: {len(rows)} samples, {n_tokens} tokens → about {need / GiB:.3f} GiB "
+        f"({n_tokens} × ({n_aux} aux + last) × {dims.hidden_size} × {target.dtype().itemsize} B) in {out}"
+    )
+    samples = [{"sample_id": r[0], "input_ids": r[1], "loss_mask": r[2]} for r in rows.iter_rows()]
+    progress = _progress_logger(context)
+    started = time.monotonic()
+    if target.backend == "hf":
+        from eagle_assets.hidden_states.extract_hf import extract_hf
+
+        report = extract_hf(
+            model_dir,
+            {key: samples},
+            out,
+            model_id=target.model_id(),
+            layers=target.layers(),
+            dtype=target.dtype(),
+            max_tokens_per_batch=target.max_tokens_per_batch,
+            device=target.torch_device(),
+            progress=progress,
+            reserve_bytes=reserve,
+        )
+        skipped, tokens_per_s = report.shards_skipped, report.tokens_per_s
+    else:
+        from eagle_assets.hidden_states.extract_sglang import SGLangCaptureConfig, extract_sglang
+        from eagle_assets.hidden_states.layers import resolve_aux_layers
+
+        config = SGLangCaptureConfig(
+            model_path=str(model_dir),
+            layers=resolve_aux_layers(dims.num_layers, target.layers()),
+            tp_size=target.sglang_tp_size,
+            max_tokens_per_batch=target.max_tokens_per_batch,
+        )
+        reports = extract_sglang({key: samples}, out, config, model_id=target.model_id(), dtype=target.dtype())
+        skipped = min(r.shards_skipped for r in reports.values())
+        tokens_per_s = min(r.tokens_per_s for r in reports.values())
+    elapsed = time.monotonic() - started
+    return dg.MaterializeResult(
+        metadata={
+            "store": dg.MetadataValue.path(str(out)),
+            "samples": dg.MetadataValue.int(len(rows)),
+            "tokens": dg.MetadataValue.int(n_tokens),
+            "estimated_gib": dg.MetadataValue.float(round(need / GiB, 4)),
+            "hidden_size": dg.MetadataValue.int(dims.hidden_size),
+            "target": dg.MetadataValue.text(target.model_id()),
+            "backend": dg.MetadataValue.text(target.backend),
+            "already_complete": dg.MetadataValue.bool(bool(skipped)),
+            "tokens_per_s": dg.MetadataValue.float(round(tokens_per_s, 1)),
+            "seconds": dg.MetadataValue.float(round(elapsed, 2)),
+        }
+    )

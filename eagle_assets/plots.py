@@ -1,0 +1,63 @@
+"""Small PNG charts embedded in Markdown metadata, because a curve is read faster than a table.
+
+Rendered with matplotlib's Agg backend (no display, no fonts from the network) and inlined as a
+base64 data URI, which the Dagster UI shows in the materialization's metadata panel. Each chart is
+kept to a few tens of kilobytes so that the event log stays small.
+"""
+
+import base64
+import io
+from collections.abc import Mapping, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+
+def _markdown_png(fig: "plt.Figure", alt: str) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=80, bbox_inches="tight")
+    plt.close(fig)
+    return f"![{alt}](data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()})"
+
+
+def bar_chart_md(values: Mapping[str, float], title: str, ylabel: str) -> str:
+    fig, ax = plt.subplots(figsize=(5, 2.6))
+    names = list(values)
+    ax.bar(names, [values[n] for n in names], color="#4c72b0")
+    ax.set_title(title)
+    ax.set_ylabel(ylabel)
+    ax.grid(axis="y", alpha=0.3)
+    return _markdown_png(fig, title)
+
+
+def line_chart_md(series: Mapping[str, Sequence[tuple[float, float]]], title: str, xlabel: str, ylabel: str) -> str:
+    fig, ax = plt.subplots(figsize=(5, 2.6))
+    for name, points in series.items():
+        if points:
+            xs, ys = zip(*points, strict=True)
+            ax.plot(xs, ys, label=name, linewidth=1.2)
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    if len(series) > 1:
+        ax.legend(fontsize=7)
+    return _markdown_png(fig, title)
+
+
+def grouped_bars_md(groups: Mapping[str, Sequence[float]], labels: Sequence[str], title: str, ylabel: str) -> str:
+    """One bar per label for each group, side by side (e.g. acceptance per position, trained vs untrained)."""
+    fig, ax = plt.subplots(figsize=(5, 2.6))
+    width = 0.8 / max(len(groups), 1)
+    for g, (name, values) in enumerate(groups.items()):
+        xs = [i + g * width for i in range(len(values))]
+        ax.bar(xs, list(values), width=width, label=name)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(labels))], list(labels))
+    ax.set_title(title)
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(0, 1.05)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=7)
+    return _markdown_png(fig, title)

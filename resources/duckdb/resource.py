@@ -1,0 +1,35 @@
+"""DuckDB as a Dagster resource: the limits every validation query runs under.
+
+Each check opens its own connection (in memory by default) so that checks of different partitions,
+running in different step processes, never contend for one database file's writer lock; what the
+resource fixes is how much memory and how many threads one of them may take, and where it spills.
+"""
+
+from pathlib import Path
+
+import dagster as dg
+from pydantic import Field
+
+from eagle_assets import settings
+from eagle_assets.corpus.validation import DuckDBSettings
+
+
+class DuckDBResource(dg.ConfigurableResource):
+    """Limits for the DuckDB validation queries over the Parquet partitions."""
+
+    database: str = Field(":memory:", description="DuckDB database; ':memory:' or a file path")
+    memory_limit: str = Field("2GB", description="per-query memory cap; DuckDB spills beyond it")
+    threads: int = Field(2, ge=1, description="threads per query")
+    temp_directory: str = Field("", description="spill directory (default: $EAGLE_FORGE_HOME/duckdb_tmp)")
+    max_examples: int = Field(5, ge=0, description="failing rows shown per check")
+
+    def settings(self) -> DuckDBSettings:
+        temp = Path(self.temp_directory) if self.temp_directory else settings.forge_home() / "duckdb_tmp"
+        temp.mkdir(parents=True, exist_ok=True)
+        return DuckDBSettings(
+            database=self.database,
+            memory_limit=self.memory_limit,
+            threads=self.threads,
+            temp_directory=temp,
+            max_examples=self.max_examples,
+        )

@@ -1,0 +1,56 @@
+"""The target model, as the local GPU assets see it: where its weights are and how to run it.
+
+The default is the tiny target built on this machine (no download, fixed seed), the one the embedded
+simulator answers with; point ``path`` at a local Hugging Face checkpoint (Kimi K2.5 on an 8-GPU
+host, with ``backend="sglang"``) for the real thing. Nothing here ever fetches from a hub.
+"""
+
+from pathlib import Path
+from typing import Literal
+
+import dagster as dg
+import torch
+from pydantic import Field
+
+from eagle_assets.target.tiny import build_tiny_target, default_tiny_target_dir, tiny_model_id
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+class TargetModelResource(dg.ConfigurableResource):
+    """The target whose hidden states train the draft, and the engine that computes them."""
+
+    path: str = Field("", description="local HF checkpoint; empty: the tiny Kimi-vocabulary target built locally")
+    tiny_seed: int = Field(0, description="seed of the tiny target (when path is empty)")
+    backend: Literal["hf", "sglang"] = Field("hf", description="hf: transformers in-process; sglang: TP engine")
+    device: str = Field("", description="cuda, cuda:1, cpu; empty: CUDA when present")
+    store_dtype: Literal["bfloat16", "float16", "float32"] = Field("bfloat16", description="hidden-state store dtype")
+    aux_layers: list[int] = Field(
+        default_factory=list, description="HF output_hidden_states indices; empty: EAGLE-3's [2, N//2, N-3]"
+    )
+    max_tokens_per_batch: int = Field(16384, ge=1, description="tokens per extraction batch (padding included)")
+    sglang_tp_size: int = Field(8, ge=1, description="tensor-parallel size of the SGLang engine")
+    reserve_disk_gb: float = Field(1.0, ge=0.0, description="disk left free after the store is written")
+
+    def model_dir(self) -> Path:
+        """The checkpoint directory, building the tiny target on first use."""
+        if self.path:
+            path = Path(self.path).expanduser()
+            if not (path / "config.json").is_file():
+                raise FileNotFoundError(f"target model path {path} has no config.json (a local HF checkpoint)")
+            return path
+        return build_tiny_target(default_tiny_target_dir(self.tiny_seed), self.tiny_seed)
+
+    def model_id(self) -> str:
+        return str(Path(self.path).expanduser()) if self.path else tiny_model_id(self.tiny_seed)
+
+    def dtype(self) -> torch.dtype:
+        return _DTYPES[self.store_dtype]
+
+    def torch_device(self) -> torch.device:
+        if self.device:
+            return torch.device(self.device)
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+    def layers(self) -> list[int] | None:
+        return list(self.aux_layers) or None
