@@ -9,6 +9,7 @@ simulator on loopback (started on demand) and the target is the tiny model built
 import dagster as dg
 
 from eagle_assets.assets.corpus import build_corpus_asset
+from eagle_assets.assets.draft import draft_benchmark, draft_model
 from eagle_assets.assets.generation import build_generated_asset
 from eagle_assets.assets.hidden_states import hidden_states
 from eagle_assets.assets.tokens import build_tokenized_asset
@@ -17,6 +18,7 @@ from resources.duckdb.resource import DuckDBResource
 from resources.openrouter.configured import openrouter_from_env
 from resources.target.resource import TargetModelResource
 from sensors.credits_sensor import build_credits_sensor
+from sensors.training_sensor import build_training_sensor
 
 DATASETS = load_datasets()
 GENERATED = [build_generated_asset(spec) for spec in DATASETS.values()]
@@ -31,11 +33,12 @@ def default_resources() -> dict[str, object]:
         "openrouter": openrouter_from_env(),
         "duckdb": DuckDBResource(),
         "target": TargetModelResource(),
+        "pipes_subprocess_client": dg.PipesSubprocessClient(),
     }
 
 
 defs = dg.Definitions(
-    assets=[*GENERATED, *TOKENIZED, CORPUS, hidden_states],
+    assets=[*GENERATED, *TOKENIZED, CORPUS, hidden_states, draft_model, draft_benchmark],
     resources=default_resources(),
-    sensors=[build_credits_sensor(GENERATED)],
+    sensors=[build_credits_sensor(GENERATED), build_training_sensor()],
 )

@@ -6,6 +6,10 @@ keep generation and GPU work from oversubscribing what they share.
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dagster import DagsterInstance
 
 from eagle_assets import settings
 
@@ -31,3 +35,15 @@ def ensure_dagster_home() -> Path:
         cfg.write_text(DAGSTER_YAML)
     os.environ["DAGSTER_HOME"] = str(home)
     return home
+
+
+POOL_LIMITS = {"gpu": 1}  # one GPU step at a time per host: hidden states and training each want every GPU
+
+
+def configure_pools(instance: "DagsterInstance") -> None:
+    """Set the pool limits this pipeline needs unless someone set them (``dagster instance concurrency set``)."""
+    storage = instance.event_log_storage
+    known = set(storage.get_concurrency_keys())
+    for pool, limit in POOL_LIMITS.items():
+        if pool not in known:
+            storage.set_concurrency_slots(pool, limit)

@@ -1,7 +1,7 @@
 """Hidden-state stores: the target's three auxiliary features (and last state) for every corpus token.
 
-Partitioned by corpus shard; each partition is one shard of the split's store (``train`` or
-``eval``), written atomically and skipped when already complete, so a re-run resumes. These steps
+Partitioned by corpus shard; each partition is a store of its own (``hidden_states/<shard>``), written
+atomically and skipped when already complete, so a re-run resumes. These steps
 need the target model and its accelerators: they are tagged and pooled (``gpu``, one at a time per
 host) so that the rest of the pipeline can run anywhere while they run where the GPUs are.
 """
@@ -26,8 +26,13 @@ GPU_TAGS = {"eagle-forge/runs-on": "gpu-host", "eagle-forge/stage": "hidden_stat
 GiB = 1 << 30
 
 
-def store_dir(split: str) -> Path:
-    return settings.forge_home() / "hidden_states" / split
+def hidden_states_root() -> Path:
+    return settings.forge_home() / "hidden_states"
+
+
+def store_dir(partition_key: str) -> Path:
+    """One store per corpus shard (see ``hidden_states.store_set``)."""
+    return hidden_states_root() / partition_key
 
 
 def _progress_logger(context: dg.AssetExecutionContext, every_s: float = 10.0):
@@ -58,7 +63,6 @@ def _progress_logger(context: dg.AssetExecutionContext, every_s: float = 10.0):
 )
 def hidden_states(context: dg.AssetExecutionContext, target: TargetModelResource) -> dg.MaterializeResult:
     key = context.partition_key
-    split = key.split("-", 1)[0]
     source = shard_file(key)
     if not source.is_file():
         raise dg.Failure(
@@ -70,7 +74,7 @@ def hidden_states(context: dg.AssetExecutionContext, target: TargetModelResource
     dims = read_target_dims(model_dir)
     n_aux = len(target.layers() or (0, 0, 0))
     need = estimate_store_bytes(n_tokens, dims.hidden_size, n_aux=n_aux, dtype_bytes=target.dtype().itemsize)
-    out = store_dir(split)
+    out = store_dir(key)
     reserve = int(target.reserve_disk_gb * GiB)
     try:
         check_disk(out, need, reserve_bytes=reserve)

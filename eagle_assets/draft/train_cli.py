@@ -32,7 +32,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -107,7 +107,11 @@ def _vocab(spec: Mapping[str, Any], dataset: RowDataset, config: Eagle3Config) -
     raise ValueError(f"unknown vocab kind {kind!r}")
 
 
-def build(cfg: Mapping[str, Any], device: torch.device | None = None) -> Trainer:
+def build(
+    cfg: Mapping[str, Any],
+    device: torch.device | None = None,
+    on_step: Callable[[StepMetrics], None] | None = None,
+) -> Trainer:
     """Everything from the config, in a fixed order so that every rank builds the same run."""
     device = device or (
         torch.device("cuda", du.current().local_rank) if torch.cuda.is_available() else torch.device("cpu")
@@ -135,7 +139,7 @@ def build(cfg: Mapping[str, Any], device: torch.device | None = None) -> Trainer
         )
         dataset, head, embed = synth, synth.target_head(), synth.embed_weight
     elif data["kind"] == "store":
-        store = _resolve(data.get("reader", DEFAULT_READER))(data["path"])
+        store = _resolve(data.get("reader", DEFAULT_READER))(data["path"], **data.get("reader_kwargs", {}))
         dataset = StoreDataset(store, max_length=data.get("max_length"))
         head = load_target_head(target["path"], target.get("last_kind", "post_norm"))
     elif data["kind"] == "tokens":
@@ -175,6 +179,8 @@ def build(cfg: Mapping[str, Any], device: torch.device | None = None) -> Trainer
                 f"lr {m.lr:.2e} gnorm {m.grad_norm:.3f} tok/s {m.tokens_per_s:.0f}",
                 flush=True,
             )
+        if on_step is not None:
+            on_step(m)
 
     if out is not None and du.current().is_main:
         out.mkdir(parents=True, exist_ok=True)
@@ -183,8 +189,12 @@ def build(cfg: Mapping[str, Any], device: torch.device | None = None) -> Trainer
     return Trainer(draft, dataset, head, tc, features=features, callback=callback, device=device)
 
 
-def run(cfg: Mapping[str, Any], device: torch.device | None = None) -> Trainer:
-    trainer = build(cfg, device)
+def run(
+    cfg: Mapping[str, Any],
+    device: torch.device | None = None,
+    on_step: Callable[[StepMetrics], None] | None = None,
+) -> Trainer:
+    trainer = build(cfg, device, on_step)
     if trainer.resume() and trainer.dist.is_main:
         print(f"resumed at step {trainer.global_step} (epoch {trainer.epoch}, batch {trainer.batch_index})", flush=True)
     trainer.train()

@@ -76,7 +76,7 @@ def test_checks_corpus_and_hidden_states_end_to_end(tmp_path, forge_home):
         r = dg.materialize([hidden_states], partition_key="train-00001", instance=instance, resources=res)
         hmd = r.asset_materializations_for_node("hidden_states")[0].metadata
         assert hmd["already_complete"].value is False and hmd["samples"].value == 8
-        store = HiddenStateStore(store_dir("train"))
+        store = HiddenStateStore(store_dir("train-00001"))
         rows = pl.read_parquet(shard_file("train-00001"))
         assert len(store) == 8
         model = load_target(TargetModelResource().model_dir())

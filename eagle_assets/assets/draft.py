@@ -1,0 +1,259 @@
+"""The EAGLE-3 draft model and its acceptance-length benchmark, materialized on the GPU host.
+
+Training runs as a separate process through Dagster Pipes (``eagle_assets.draft.pipes_train``,
+under ``torchrun`` when several GPUs are there), so that a crash of the trainer cannot take the
+step's process with it, DDP gets its own process group, and loss, accuracy and throughput stream
+back to the run's log and the materialization. A run's directory is named by its inputs (the
+hidden-state shards' fingerprints, the target, the training config): re-materializing the same
+inputs resumes from the last checkpoint instead of starting over.
+"""
+
+import hashlib
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import dagster as dg
+import torch
+from pydantic import Field
+
+from eagle_assets import settings
+from eagle_assets.assets.hidden_states import GPU_POOL, GPU_TAGS, HIDDEN_STATES_KEY, hidden_states_root
+from eagle_assets.corpus.tokenized_schema import EOT_ID
+from resources.target.resource import TargetModelResource
+
+DRAFT_GROUP = "draft"
+DRAFT_KEY = dg.AssetKey(["draft_model"])
+BENCHMARK_KEY = dg.AssetKey(["draft_benchmark"])
+DRAFT_TAGS = {**GPU_TAGS, "eagle-forge/stage": "draft"}
+
+
+class DraftTrainConfig(dg.Config):
+    draft_vocab_size: int = Field(32000, ge=16, description="reduced draft vocabulary (most frequent corpus tokens)")
+    epochs: int = Field(1, ge=1)
+    max_steps: int = Field(0, ge=0, description="0: epochs × steps per epoch")
+    lr: float = Field(1e-4, gt=0)
+    warmup_ratio: float = Field(0.015, ge=0, lt=1)
+    batch_size: int = Field(1, ge=1, description="rows per rank per micro-batch")
+    grad_accum: int = Field(1, ge=1)
+    grad_clip: float = Field(0.5, gt=0)
+    ttt_steps: int = Field(7, ge=1, description="training-time-test unroll K")
+    step_weight: float = Field(0.8, gt=0, le=1, description="loss weight decay per TTT step")
+    max_length: int = Field(4096, ge=0, description="truncate samples (0: never)")
+    checkpoint_every: int = Field(200, ge=0)
+    log_every: int = Field(10, ge=1)
+    seed: int = 0
+    nproc_per_node: int = Field(0, ge=0, description="DDP processes (0: one per visible GPU, at least one)")
+
+
+def train_partitions(instance: dg.DagsterInstance) -> list[str]:
+    from eagle_assets.assets.corpus import CORPUS_SHARDS
+
+    return sorted(k for k in instance.get_dynamic_partitions(CORPUS_SHARDS.name) if k.startswith("train-"))
+
+
+def run_identity(model_id: str, shards: dict[str, str], config: DraftTrainConfig) -> str:
+    blob = json.dumps({"target": model_id, "shards": shards, "train": config.model_dump()}, sort_keys=True)
+    return hashlib.blake2b(blob.encode(), digest_size=8).hexdigest()
+
+
+def draft_runs_dir() -> Path:
+    return settings.forge_home() / "draft" / "runs"
+
+
+def latest_export_dir() -> Path:
+    return settings.forge_home() / "draft" / "latest"
+
+
+def train_run_config(
+    config: DraftTrainConfig, model_dir: Path, keys: list[str], layers: list[int], out: Path
+) -> dict[str, object]:
+    return {
+        "seed": config.seed,
+        "target": {"path": str(model_dir), "last_kind": "post_norm"},
+        "draft_vocab_size": config.draft_vocab_size,
+        "aux_layer_ids": layers,
+        "embeddings": {"kind": "target"},
+        "vocab": {"kind": "from_data", "force_ids": [EOT_ID]},
+        "data": {
+            "kind": "store",
+            "path": str(hidden_states_root()),
+            "reader": "eagle_assets.hidden_states.store_set:StoreSet",
+            "reader_kwargs": {"partitions": keys},
+            "max_length": config.max_length or None,
+        },
+        "train": {
+            "lr": config.lr,
+            "epochs": config.epochs,
+            "max_steps": config.max_steps,
+            "warmup_ratio": config.warmup_ratio,
+            "batch_size": config.batch_size,
+            "grad_accum": config.grad_accum,
+            "grad_clip": config.grad_clip,
+            "ttt_steps": config.ttt_steps,
+            "step_weight": config.step_weight,
+            "checkpoint_every": config.checkpoint_every,
+            "seed": config.seed,
+        },
+        "output_dir": str(out),
+        "export": {"engine": "sglang", "dtype": "bfloat16"},
+        "log_every": config.log_every,
+    }
+
+
+def training_command(config_path: Path, nproc: int) -> list[str]:
+    module = ["-m", "eagle_assets.draft.pipes_train", "--config", str(config_path)]
+    if nproc <= 1:
+        return [sys.executable, *module]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *module]
+
+
+@dg.asset(
+    key=DRAFT_KEY,
+    deps=[dg.AssetDep(HIDDEN_STATES_KEY, partition_mapping=dg.AllPartitionMapping())],
+    group_name=DRAFT_GROUP,
+    pool=GPU_POOL,
+    tags=DRAFT_TAGS,
+    op_tags=DRAFT_TAGS,
+    kinds={"pytorch", "safetensors"},
+    description="The EAGLE-3 draft trained on the train split's hidden states (Pipes subprocess, torchrun for "
+    "several GPUs), exported for SGLang (export/) and vLLM (export-vllm/).",
+)
+def draft_model(
+    context: dg.AssetExecutionContext,
+    config: DraftTrainConfig,
+    target: TargetModelResource,
+    pipes_subprocess_client: dg.PipesSubprocessClient,
+) -> dg.MaterializeResult:
+    from eagle_assets.hidden_states.store import StoreError
+    from eagle_assets.hidden_states.store_set import StoreSet
+
+    keys = train_partitions(context.instance)
+    done = context.instance.get_materialized_partitions(HIDDEN_STATES_KEY)
+    missing = [k for k in keys if k not in done]
+    if not keys or missing:
+        raise dg.Failure(
+            description=f"hidden states missing for {missing or 'every train shard'}: materialize hidden_states first",
+            allow_retries=False,
+        )
+    try:
+        store = StoreSet(hidden_states_root(), partitions=keys)
+    except StoreError as exc:
+        raise dg.Failure(description=f"hidden-state store not usable: {exc}", allow_retries=False) from exc
+    shards = store.fingerprints()
+    out = draft_runs_dir() / run_identity(target.model_id(), shards, config)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = train_run_config(config, target.model_dir(), keys, list(store.meta.layers.hf_indices), out)
+    (out / "run.json").write_text(json.dumps(cfg, indent=2))
+    nproc = config.nproc_per_node or max(1, torch.cuda.device_count())
+    context.log.info(f"training in {out} on {nproc} process(es): {len(store)} samples, {store.n_tokens} tokens")
+    completed = pipes_subprocess_client.run(
+        command=training_command(out / "run.json", nproc), context=context, cwd=str(settings.REPO_ROOT)
+    )
+    latest = latest_export_dir()
+    tmp = latest.with_name(".latest.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(out / "export", tmp / "export")
+    shutil.copytree(out / "export-vllm", tmp / "export-vllm")
+    shutil.rmtree(latest, ignore_errors=True)
+    tmp.rename(latest)
+    result = completed.get_materialize_result()
+    return dg.MaterializeResult(
+        metadata={
+            **(result.metadata or {}),
+            "run_dir": dg.MetadataValue.path(str(out)),
+            "sglang_export": dg.MetadataValue.path(str(latest / "export")),
+            "vllm_export": dg.MetadataValue.path(str(latest / "export-vllm")),
+            "train_samples": dg.MetadataValue.int(len(store)),
+            "train_tokens": dg.MetadataValue.int(store.n_tokens),
+            "hidden_state_shards": dg.MetadataValue.json(shards),
+            "processes": dg.MetadataValue.int(nproc),
+        }
+    )
+
+
+class BenchmarkConfig(dg.Config):
+    num_prompts: int = Field(16, ge=1, description="held-out prompts (the corpus's eval split)")
+    max_new_tokens: int = Field(48, ge=1)
+    num_draft_tokens: int = Field(4, ge=1, description="K: tokens the draft proposes per verification")
+
+
+def held_out_prompts(n: int) -> list[list[int]]:
+    """Prompt ids (chat template + generation prompt) of the eval split: never trained on."""
+    import polars as pl
+
+    from eagle_assets.assets.corpus import corpus_dir
+
+    files = sorted((corpus_dir() / "eval").glob("shard-*.parquet"))
+    if not files:
+        raise dg.Failure(description="the corpus has no eval split: re-materialize it with eval_fraction > 0")
+    frame = pl.concat([pl.read_parquet(f, columns=["input_ids", "prompt_len"]) for f in files]).head(n)
+    return [ids[:k] for ids, k in zip(frame["input_ids"].to_list(), frame["prompt_len"].to_list(), strict=True)]
+
+
+@dg.asset(
+    key=BENCHMARK_KEY,
+    deps=[DRAFT_KEY],
+    group_name=DRAFT_GROUP,
+    pool=GPU_POOL,
+    tags=DRAFT_TAGS,
+    op_tags=DRAFT_TAGS,
+    kinds={"pytorch"},
+    description="Acceptance length of the exported draft on held-out prompts: a greedy speculative-decoding loop "
+    "(draft proposes K tokens, target verifies), per-position acceptance, against an untrained draft.",
+)
+def draft_benchmark(
+    context: dg.AssetExecutionContext, config: BenchmarkConfig, target: TargetModelResource
+) -> dg.MaterializeResult:
+    from eagle_assets.draft.export import load_draft
+    from eagle_assets.draft.model import Eagle3Draft
+    from eagle_assets.draft.speculative import evaluate_acceptance
+    from eagle_assets.plots import grouped_bars_md
+    from eagle_assets.target.tiny import load_target
+
+    export = latest_export_dir() / "export"
+    if not (export / "config.json").is_file():
+        raise dg.Failure(description=f"no exported draft at {export}: materialize draft_model first")
+    device = target.torch_device()
+    model = load_target(target.model_dir(), device=device)
+    embed = model.get_input_embeddings().weight.detach().float()
+    trained = load_draft(export, embed_weight=embed, device=device)
+    torch.manual_seed(0)
+    untrained = Eagle3Draft(trained.config, embed.cpu()).to(device)
+    untrained.set_vocab(trained.vocab)
+    prompts = held_out_prompts(config.num_prompts)
+    stats = {}
+    for name, draft in (("trained", trained), ("untrained", untrained)):
+        stats[name] = evaluate_acceptance(
+            model, draft, prompts, config.max_new_tokens, num_draft_tokens=config.num_draft_tokens
+        )
+        context.log.info(
+            f"{name}: acceptance length τ {stats[name].tau:.3f}, per position "
+            f"{[round(r, 3) for r in stats[name].position_accept_rate]}"
+        )
+    labels = [f"pos {i + 1}" for i in range(config.num_draft_tokens)]
+    table = "| draft | τ (tokens per verification) | " + " | ".join(labels) + " |\n|---|---|" + "---|" * len(labels)
+    for name, s in stats.items():
+        table += f"\n| {name} | {s.tau:.3f} | " + " | ".join(f"{r:.3f}" for r in s.position_accept_rate) + " |"
+    return dg.MaterializeResult(
+        metadata={
+            "acceptance_length": dg.MetadataValue.float(round(stats["trained"].tau, 4)),
+            "acceptance_length_untrained": dg.MetadataValue.float(round(stats["untrained"].tau, 4)),
+            "per_position_accept_rate": dg.MetadataValue.json(
+                [round(r, 4) for r in stats["trained"].position_accept_rate]
+            ),
+            "acceptance": dg.MetadataValue.md(table),
+            "acceptance_plot": dg.MetadataValue.md(
+                grouped_bars_md(
+                    {n: s.position_accept_rate for n, s in stats.items()},
+                    labels,
+                    "acceptance rate per draft position",
+                    "accepted",
+                )
+            ),
+            "prompts": dg.MetadataValue.int(len(prompts)),
+            "new_tokens": dg.MetadataValue.int(stats["trained"].new_tokens),
+            "num_draft_tokens": dg.MetadataValue.int(config.num_draft_tokens),
+        }
+    )

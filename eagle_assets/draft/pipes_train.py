@@ -1,0 +1,141 @@
+"""Draft training as a Dagster Pipes process: ``python -m eagle_assets.draft.pipes_train --config run.json``.
+
+The same run as ``train_cli`` (and, like it, runnable under ``torchrun``), plus what Dagster should
+see while it runs: rank 0 opens the Pipes channel, streams a log line per ``log_every`` steps (loss,
+per-step accuracy, throughput) and reports the materialization at the end, with the loss curve over
+every step of the run's history (a resumed run included). Other ranks train and stay silent. Run
+outside Dagster (no Pipes environment), it trains and prints as ``train_cli`` does.
+"""
+
+import argparse
+import json
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from eagle_assets.draft import distributed as du
+from eagle_assets.draft.train import StepMetrics
+from eagle_assets.draft.train_cli import load_config, run
+
+
+def read_history(path: Path) -> list[dict[str, Any]]:
+    """Step metrics of the run (across resumes: the file is appended to); the last record of a step wins."""
+    if not path.is_file():
+        return []
+    by_step: dict[int, dict[str, Any]] = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            try:
+                m = json.loads(line)
+            except json.JSONDecodeError:  # a torn last line after a kill
+                continue
+            by_step[int(m["step"])] = m
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def training_metadata(history: Sequence[dict[str, Any]], export_dir: Path) -> dict[str, Any]:
+    from eagle_assets.plots import line_chart_md
+
+    if not history:
+        return {"steps": 0, "export": {"raw_value": str(export_dir), "type": "path"}}
+    last = history[-1]
+    k = len(last["acc"])
+    tail = history[-max(1, len(history) // 10) :]
+    return {
+        "steps": last["step"],
+        "final_loss": {"raw_value": round(statistics.fmean(m["loss"] for m in tail), 5), "type": "float"},
+        "final_acc_per_step": {
+            "raw_value": [round(statistics.fmean(m["acc"][i] for m in tail), 4) for i in range(k)],
+            "type": "json",
+        },
+        "simulated_tau": {"raw_value": round(statistics.fmean(m["sim_tau"] for m in tail), 3), "type": "float"},
+        "tokens_per_s": {"raw_value": round(statistics.median(m["tokens_per_s"] for m in history), 1), "type": "float"},
+        "tokens_seen": {"raw_value": int(sum(m["tokens"] for m in history)), "type": "int"},
+        "loss_curve": {
+            "raw_value": line_chart_md(
+                {"loss": [(m["step"], m["loss"]) for m in history]}, "training loss", "step", "loss"
+            ),
+            "type": "md",
+        },
+        "accuracy_curve": {
+            "raw_value": line_chart_md(
+                {f"step {i + 1}": [(m["step"], m["acc"][i]) for m in history] for i in range(k)},
+                "accuracy per TTT step",
+                "step",
+                "top-1 accuracy",
+            ),
+            "type": "md",
+        },
+        "export": {"raw_value": str(export_dir), "type": "path"},
+    }
+
+
+def add_vllm_export(out: Path) -> Path | None:
+    """``export-vllm`` beside ``export``: same weights, the config spelled the way vLLM reads aux layer ids."""
+    import shutil
+
+    import torch
+
+    from eagle_assets.draft.export import config_from_export, write_config
+
+    src = out / "export"
+    if not (src / "config.json").is_file():
+        return None
+    dst = out / "export-vllm"
+    tmp = out / ".export-vllm.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp)
+    exported = json.loads((src / "config.json").read_text())
+    dtype = getattr(torch, exported["torch_dtype"])
+    write_config(tmp, config_from_export(exported), dtype=dtype, engine="vllm")
+    shutil.rmtree(dst, ignore_errors=True)
+    tmp.rename(dst)
+    return dst
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--backend", default=None, help="process-group backend (default: nccl on GPU, else gloo)")
+    args = parser.parse_args(argv)
+    cfg = load_config(args.config)
+    du.init_from_env(args.backend)
+    try:
+        if du.current().is_main:
+            import os
+
+            from dagster_pipes import DAGSTER_PIPES_CONTEXT_ENV_VAR, open_dagster_pipes
+
+            if DAGSTER_PIPES_CONTEXT_ENV_VAR in os.environ:
+                with open_dagster_pipes() as pipes:
+                    _train_reporting(cfg, pipes)
+                    return 0
+        run(cfg)
+        if du.current().is_main and cfg.get("output_dir"):
+            add_vllm_export(Path(cfg["output_dir"]))
+    finally:
+        du.shutdown()
+    return 0
+
+
+def _train_reporting(cfg: dict[str, Any], pipes: Any) -> None:
+    every = max(1, int(cfg.get("log_every", 10)))
+
+    def on_step(m: StepMetrics) -> None:
+        if m.step % every == 0 or m.step == 1:
+            acc = " ".join(f"{a:.3f}" for a in m.acc)
+            pipes.log.info(
+                f"step {m.step}: loss {m.loss:.4f}, acc per TTT step [{acc}], simulated τ {m.sim_tau:.2f}, "
+                f"{m.tokens_per_s:.0f} tokens/s, lr {m.lr:.2e}"
+            )
+
+    run(cfg, on_step=on_step)
+    out = Path(cfg["output_dir"])
+    vllm = add_vllm_export(out)
+    pipes.log.info(f"exported {out / 'export'} (SGLang) and {vllm} (vLLM)")
+    pipes.report_asset_materialization(metadata=training_metadata(read_history(out / "metrics.jsonl"), out / "export"))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,34 @@
+"""Start draft training (and its benchmark) once the hidden states it needs are all materialized."""
+
+import dagster as dg
+from dagster._core.events import DagsterEventType
+
+from eagle_assets.assets.draft import BENCHMARK_KEY, DRAFT_KEY, train_partitions
+from eagle_assets.assets.hidden_states import HIDDEN_STATES_KEY
+from sensors.training import decide_training
+
+
+def build_training_sensor(minimum_interval_seconds: int = 30) -> dg.SensorDefinition:
+    @dg.sensor(
+        name="draft_training",
+        minimum_interval_seconds=minimum_interval_seconds,
+        asset_selection=dg.AssetSelection.assets(DRAFT_KEY, BENCHMARK_KEY),
+        default_status=dg.DefaultSensorStatus.STOPPED,
+        description="Train the draft (then benchmark it) when every train shard's hidden states are materialized "
+        "and some are newer than the last draft.",
+    )
+    def draft_training(context: dg.SensorEvaluationContext) -> dg.SensorResult | dg.SkipReason:
+        instance = context.instance
+        needed = train_partitions(instance)
+        latest = instance.get_latest_storage_id_by_partition(
+            HIDDEN_STATES_KEY, DagsterEventType.ASSET_MATERIALIZATION, set(needed)
+        )
+        drafts = instance.fetch_materializations(DRAFT_KEY, limit=1).records
+        decision = decide_training(needed, latest, drafts[0].storage_id if drafts else None)
+        if not decision.run:
+            return dg.SkipReason(decision.reason)
+        return dg.SensorResult(
+            run_requests=[dg.RunRequest(run_key=decision.run_key, tags={"eagle-forge/trigger": "hidden_states"})]
+        )
+
+    return draft_training

@@ -1,0 +1,91 @@
+"""Draft training through Dagster Pipes, the acceptance benchmark, and the training sensor, on a real instance."""
+
+import json
+
+import dagster as dg
+import pytest
+
+from eagle_assets.assets.corpus import build_corpus_asset
+from eagle_assets.assets.draft import draft_benchmark, draft_model, latest_export_dir
+from eagle_assets.assets.generation import build_generated_asset
+from eagle_assets.assets.hidden_states import hidden_states
+from eagle_assets.assets.tokens import build_tokenized_asset
+from eagle_assets.datasets.config import DatasetSpec
+from eagle_assets.settings import tokenizer_dir
+from resources.duckdb.resource import DuckDBResource
+from resources.simulator.config import LatencyConfig, SimulatorConfig
+from resources.simulator.control import run_simulator_in_thread
+from resources.target.resource import TargetModelResource
+from sensors.training_sensor import build_training_sensor
+from tests.generation.test_dagster_generation import resource_for, write_prompts
+
+TRAIN = {"draft_vocab_size": 512, "max_steps": 12, "batch_size": 4, "ttt_steps": 3, "lr": 3e-3, "log_every": 4}
+
+
+@pytest.fixture
+def forge_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("EAGLE_FORGE_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def test_sensor_trains_and_benchmarks_the_draft(tmp_path, forge_home):
+    spec = DatasetSpec("D1", write_prompts(tmp_path / "d1.jsonl", 24, tag="d"), 10**9, 12)
+    gen = build_generated_asset(spec)
+    tok = build_tokenized_asset(spec, gen.partitions_def)
+    corpus = build_corpus_asset([spec])
+    sensor = build_training_sensor()
+    cfg = SimulatorConfig(latency=LatencyConfig.fixed(0.002), mean_completion_tokens=30, tokenizer_dir=tokenizer_dir())
+    with run_simulator_in_thread(cfg) as sim, dg.instance_for_test() as instance:
+        res = {
+            "openrouter": resource_for(sim.base_url, max_tokens=32),
+            "duckdb": DuckDBResource(),
+            "target": TargetModelResource(),
+            "pipes_subprocess_client": dg.PipesSubprocessClient(),
+        }
+        for shard in spec.shard_keys():
+            assert dg.materialize([gen, tok], partition_key=shard, instance=instance, resources=res).success
+        run_config = {"ops": {"corpus": {"config": {"max_samples_per_shard": 10, "eval_fraction": 0.2}}}}
+        assert dg.materialize([corpus], instance=instance, resources=res, run_config=run_config).success
+
+        # The sensor waits for every train shard's hidden states …
+        ctx = dg.build_sensor_context(instance=instance)
+        skip = sensor(ctx)
+        assert isinstance(skip, dg.SkipReason) and "waiting for hidden states of 2 of 2" in skip.skip_message
+        dg.materialize([hidden_states], partition_key="train-00000", instance=instance, resources=res)
+        assert "1 of 2" in sensor(ctx).skip_message
+        dg.materialize([hidden_states], partition_key="train-00001", instance=instance, resources=res)
+        first = sensor(ctx)
+        assert isinstance(first, dg.SensorResult) and len(first.run_requests) == 1
+
+        # … then training runs as a Pipes subprocess and reports its curves and export.
+        r = dg.materialize(
+            [draft_model], instance=instance, resources=res, run_config={"ops": {"draft_model": {"config": TRAIN}}}
+        )
+        md = r.asset_materializations_for_node("draft_model")[0].metadata
+        assert md["steps"].value == 12 and md["train_samples"].value == 19
+        assert "data:image/png;base64," in md["loss_curve"].value
+        assert len(md["final_acc_per_step"].value) == 3
+        logs = [e.message for e in instance.all_logs(r.run_id) if e.message]
+        assert any("step 4: loss" in m for m in logs)  # streamed from the subprocess while it trained
+        for engine, ids in (("export", [1, 2, 3]), ("export-vllm", [2, 3, 4])):
+            exported = json.loads((latest_export_dir() / engine / "config.json").read_text())
+            assert exported["architectures"] == ["LlamaForCausalLMEagle3"] and exported["draft_vocab_size"] == 512
+            assert exported["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == ids
+
+        # Nothing new since the draft: the sensor skips; a refreshed shard makes it train again.
+        assert "trained after every current shard" in sensor(ctx).skip_message
+        dg.materialize([hidden_states], partition_key="train-00001", instance=instance, resources=res)
+        again = sensor(ctx)
+        assert isinstance(again, dg.SensorResult)
+        assert again.run_requests[0].run_key != first.run_requests[0].run_key
+
+        r = dg.materialize(
+            [draft_benchmark],
+            instance=instance,
+            resources=res,
+            run_config={"ops": {"draft_benchmark": {"config": {"num_prompts": 3, "max_new_tokens": 8}}}},
+        )
+        bmd = r.asset_materializations_for_node("draft_benchmark")[0].metadata
+        assert bmd["prompts"].value == 3 and len(bmd["per_position_accept_rate"].value) == 4
+        assert bmd["acceptance_length"].value >= 1.0 and bmd["acceptance_length_untrained"].value >= 1.0
+        assert "data:image/png;base64," in bmd["acceptance_plot"].value
