@@ -1,0 +1,155 @@
+"""The Dagster UI in a real browser: see the asset graph, materialize ONE generation partition from the
+asset's page, follow the run until the UI shows it succeeded (checked through GraphQL as well).
+
+The screenshot of the succeeded run is kept at ``test-artifacts/browser/dagster_run_success.png``.
+"""
+
+import re
+import time
+from typing import Any
+
+import pytest
+
+from tests.browser.conftest import ARTIFACTS, DagsterUI
+
+ASSET_PATH = ["generated", "B1"]
+PARTITION = "0000"
+REQUIRED_GROUPS = ("generation", "tokens")
+RUN_TIMEOUT_S = 120.0
+
+RUN_QUERY = """
+query Run($runId: ID!) {
+  runOrError(runId: $runId) {
+    __typename
+    ... on Run { runId status tags { key value } assetSelection { path } }
+  }
+}
+"""
+RUNS_QUERY = "query { runsOrError { __typename ... on Runs { results { runId status } } } }"
+PARTITIONS_QUERY = """
+query Partitions($path: [String!]!) {
+  assetNodes(assetKeys: [{path: $path}]) {
+    assetPartitionStatuses {
+      __typename
+      ... on DefaultPartitionStatuses { materializedPartitions failedPartitions materializingPartitions }
+    }
+  }
+}
+"""
+
+
+def run_status(ui: DagsterUI, run_id: str) -> dict:
+    run = ui.graphql(RUN_QUERY, {"runId": run_id})["runOrError"]
+    assert run["__typename"] == "Run", run
+    return run
+
+
+def see_asset_graph(ui: DagsterUI, page: Any) -> list[str]:
+    from playwright.sync_api import expect
+
+    groups = sorted({n["groupName"] for n in ui.graphql("query { assetNodes { groupName } }")["assetNodes"]})
+    assert set(REQUIRED_GROUPS) <= set(groups), groups
+    page.goto(f"{ui.url}/asset-groups", wait_until="domcontentloaded")
+    expect(page.get_by_text("Global asset lineage")).to_be_visible(timeout=60_000)
+    for group in groups:  # in the sidebar's group list and as a box in the graph
+        expect(page.get_by_text(group, exact=True).first).to_be_visible(timeout=30_000)
+    page.screenshot(path=str(ARTIFACTS / "asset_lineage.png"))
+    return groups
+
+
+def launch_one_partition(ui: DagsterUI, page: Any) -> str:
+    """Materialize… → pick only PARTITION in the partition dialog → Launch 1 run; returns the run id."""
+    from playwright.sync_api import expect
+
+    page.goto(f"{ui.url}/assets/{'/'.join(ASSET_PATH)}", wait_until="domcontentloaded")
+    materialize = page.get_by_role("button", name="Materialize").first  # "Materialize…" (icon + text)
+    expect(materialize).to_be_enabled(timeout=60_000)
+    materialize.click()
+    dialog = page.get_by_role("dialog").filter(has_text="Launch runs to materialize")
+    expect(dialog).to_be_visible()
+    # A fresh instance opens on "Custom" with nothing selected; clear any preselected partition chips
+    # (clicking "Custom" itself would select them all).
+    chips_close = dialog.get_by_role("img", name="close")
+    for _ in range(20):
+        if chips_close.count() == 0:
+            break
+        chips_close.first.click()
+    expect(dialog.get_by_text("0 partitions", exact=True)).to_be_visible()
+    dialog.get_by_text("Select a partition or create one").click()
+    page.get_by_placeholder("Filter partitions").fill(PARTITION)
+    option = page.get_by_role("menuitem").filter(has_text=PARTITION).filter(has_not_text="Select all")
+    expect(option).to_have_count(1)
+    option.click()
+    dialog.get_by_text("Launch runs to materialize").click()  # closes the partition list
+    expect(dialog.get_by_text("1 partition", exact=True)).to_be_visible()
+    launch = dialog.get_by_role("button", name="Launch 1 run", exact=True)
+    expect(launch).to_be_enabled()
+    launch.click()
+    # Follow the toast ("Launched run abcd1234  [View]"), or, if it is gone already, the Runs page.
+    view = page.get_by_role("link", name="View", exact=True)
+    try:
+        expect(view).to_be_visible(timeout=20_000)
+    except AssertionError:
+        (run,) = ui.graphql(RUNS_QUERY)["runsOrError"]["results"]
+        page.goto(f"{ui.url}/runs", wait_until="domcontentloaded")
+        view = page.get_by_role("link", name=run["runId"][:8]).first  # "run abcd1234" (icon + id)
+    match = re.search(r"/runs/([0-9a-f-]{36})", view.get_attribute("href") or "")
+    assert match, view.get_attribute("href")
+    view.click()
+    expect(page).to_have_url(re.compile(rf"/runs/{match.group(1)}"), timeout=30_000)
+    return match.group(1)
+
+
+def wait_for_ui_success(ui: DagsterUI, page: Any, run_id: str) -> dict:
+    from playwright.sync_api import expect
+
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    run = run_status(ui, run_id)
+    while run["status"] not in ("SUCCESS", "FAILURE", "CANCELED") and time.monotonic() < deadline:
+        time.sleep(1.0)
+        run = run_status(ui, run_id)
+    if run["status"] != "SUCCESS":
+        body = page.locator("body").inner_text()[:4000]
+        pytest.fail(
+            f"run {run_id} is {run['status']} after {RUN_TIMEOUT_S:.0f}s.\nRun page:\n{body}\n"
+            f"dagster dev log:\n{ui.log_tail()}",
+            pytrace=False,
+        )
+    # The run page polls; its header tag turns to "Success".
+    expect(page.get_by_text("Success", exact=True).first).to_be_visible(timeout=30_000)
+    expect(page.locator("body")).to_contain_text(re.compile(rf"partition:\s*{PARTITION}"))
+    return run
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(280)
+def test_materialize_one_generation_partition_from_the_ui(dagster_ui: DagsterUI, page: Any) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    groups = see_asset_graph(dagster_ui, page)
+    t_graph = time.monotonic()
+    run_id = launch_one_partition(dagster_ui, page)
+    t_launch = time.monotonic()
+    run = wait_for_ui_success(dagster_ui, page, run_id)
+    t_done = time.monotonic()
+    shot = ARTIFACTS / "dagster_run_success.png"
+    page.screenshot(path=str(shot))
+    print(f"\nscreenshot of the succeeded run: {shot}")
+    print(
+        f"groups {groups}; graph {t_graph - t0:.1f}s, launch {t_launch - t_graph:.1f}s, "
+        f"run to Success {t_done - t_launch:.1f}s"
+    )
+
+    # Exactly one run, of exactly that asset and partition, and only that partition materialized.
+    tags = {t["key"]: t["value"] for t in run["tags"]}
+    assert tags.get("dagster/partition") == PARTITION, tags
+    assert [a["path"] for a in run["assetSelection"]] == [ASSET_PATH]
+    runs = dagster_ui.graphql(RUNS_QUERY)["runsOrError"]["results"]
+    assert [(r["runId"], r["status"]) for r in runs] == [(run_id, "SUCCESS")]
+    (node,) = dagster_ui.graphql(PARTITIONS_QUERY, {"path": ASSET_PATH})["assetNodes"]
+    statuses = node["assetPartitionStatuses"]
+    assert statuses["materializedPartitions"] == [PARTITION], statuses
+    assert statuses["failedPartitions"] == [], statuses
+    # The simulator that served it ran under the temporary home, on the port the test chose.
+    sim_log = (dagster_ui.forge_home / "simulator" / "simulator.log").read_text(errors="replace")
+    assert f"127.0.0.1:{dagster_ui.sim_port}" in sim_log, sim_log[:500]
