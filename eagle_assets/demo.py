@@ -1,65 +1,137 @@
 """The embedded default, end to end: ``python -m eagle_assets.demo``.
 
-No key and no GPU: the OpenRouter resource points at the bundled simulator on 127.0.0.1. Every
-partition is materialized into the persistent Dagster instance under ``$EAGLE_FORGE_HOME``, so
-``dagster dev -w workspace.yaml`` afterwards shows the same runs, partitions and metadata.
+No key and no GPU: the OpenRouter resource points at the bundled simulator on 127.0.0.1, which
+answers with the tiny target model built on this machine. Every stage is materialized into the
+persistent Dagster instance under ``$EAGLE_FORGE_HOME``, in the order a backfill would take:
+generation + tokens per dataset × shard (with their checks), the corpus, the hidden states per corpus
+shard, the draft model and its benchmark. ``dagster dev -w workspace.yaml`` afterwards shows the same
+runs, partitions, checks and plots. Re-running skips what is already materialized.
 """
 
 import argparse
 import sys
 import time
+import warnings
+from collections.abc import Sequence
 
 import dagster as dg
 
 from eagle_assets import settings
-from eagle_assets.instance import ensure_dagster_home
+from eagle_assets.instance import configure_pools, ensure_dagster_home
 
-QUIET = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
+QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+# Sized so that the whole demo fits in minutes on 2 CPU cores.
+CORPUS_CONFIG = {"max_samples_per_shard": 160, "eval_fraction": 0.05}
+DRAFT_CONFIG = {
+    "draft_vocab_size": 4096,
+    "epochs": 6,
+    "batch_size": 8,
+    "lr": 5e-3,
+    "warmup_ratio": 0.05,
+    "ttt_steps": 7,
+    "max_length": 512,
+    "checkpoint_every": 50,
+    "log_every": 10,
+}
+BENCHMARK_CONFIG = {"num_prompts": 16, "max_new_tokens": 48, "num_draft_tokens": 4}
+
+
+class Demo:
+    def __init__(self, instance: dg.DagsterInstance, defs: dg.Definitions) -> None:
+        self.instance, self.defs = instance, defs
+        self.resources = dict(defs.resources or {})
+        self.failed: list[str] = []
+
+    def materialize(self, keys: Sequence[dg.AssetKey], label: str, partition: str | None = None, config=None) -> bool:
+        assets = [self.defs.get_assets_def(k) for k in keys]
+        started = time.monotonic()
+        result = dg.materialize(
+            assets,
+            partition_key=partition,
+            instance=self.instance,
+            resources=self.resources,
+            raise_on_error=False,
+            run_config={**QUIET, **({"ops": config} if config else {})},
+        )
+        status = "ok" if result.success else "FAILED"
+        print(f"  {label}: {status} ({time.monotonic() - started:.1f}s)", flush=True)
+        if not result.success:
+            self.failed.append(label)
+        return result.success
+
+    def done(self, key: dg.AssetKey) -> set[str]:
+        return set(self.instance.get_materialized_partitions(key))
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--datasets", nargs="*", help="only these datasets (default: all)")
+    parser.add_argument("--stop-after", choices=["generation", "corpus", "hidden_states", "draft"], default=None)
     args = parser.parse_args(argv)
+    # Dagster flags its own Pipes internals as preview; that is not news for someone running the demo.
+    warnings.filterwarnings("ignore", category=dg.PreviewWarning)
+    warnings.filterwarnings("ignore", category=dg.BetaWarning)
     home = ensure_dagster_home()
     from eagle_assets import definitions  # after DAGSTER_HOME is set
+    from eagle_assets.assets.corpus import CORPUS_KEY, CORPUS_SHARDS
+    from eagle_assets.assets.draft import BENCHMARK_KEY, DRAFT_KEY, latest_export_dir
+    from eagle_assets.assets.hidden_states import HIDDEN_STATES_KEY
 
     instance = dg.DagsterInstance.get()
-    resources = {"openrouter": definitions.defs.resources["openrouter"]}
+    configure_pools(instance)
+    demo = Demo(instance, definitions.defs)
     start = time.monotonic()
-    failed: list[str] = []
+
+    print("1/5 generation (OpenRouter simulator) + exact token ids, per dataset × shard", flush=True)
     for name, spec in definitions.DATASETS.items():
         if args.datasets and name not in args.datasets:
             continue
-        asset_def = definitions.defs.get_assets_def(dg.AssetKey(["generated", name]))
-        done = instance.get_materialized_partitions(asset_def.key)
+        gen, tok = dg.AssetKey(["generated", name]), dg.AssetKey(["tokenized", name])
         for shard in spec.shard_keys():
-            if shard in done:
-                print(f"  {name}/{shard}: already materialized")
+            if shard in demo.done(gen) and shard in demo.done(tok):
                 continue
-            result = dg.materialize(
-                [asset_def],
-                partition_key=shard,
-                instance=instance,
-                resources=resources,
-                raise_on_error=False,
-                run_config=QUIET,
-            )
-            status = "ok" if result.success else "FAILED"
-            print(f"  {name}/{shard}: {status}", flush=True)
-            if not result.success:
-                failed.append(f"{name}/{shard}")
-    print(f"\nfinished in {time.monotonic() - start:.1f}s; {len(failed)} failed partitions {failed or ''}")
-    print(f"generated Parquet: {settings.generated_dir()}")
+            demo.materialize([gen, tok], f"{name}/{shard}", partition=shard)
+    if demo.failed or args.stop_after == "generation":
+        return finish(demo, start, home)
+
+    print("2/5 corpus: re-validate, deduplicate, shuffle, split, shard", flush=True)
+    demo.materialize([CORPUS_KEY], "corpus", config={"corpus": {"config": CORPUS_CONFIG}})
+    if demo.failed or args.stop_after == "corpus":
+        return finish(demo, start, home)
+
+    print("3/5 hidden states of the tiny target, per corpus shard", flush=True)
+    for shard in sorted(instance.get_dynamic_partitions(CORPUS_SHARDS.name)):
+        if shard.startswith("train-"):
+            demo.materialize([HIDDEN_STATES_KEY], f"hidden_states/{shard}", partition=shard)
+    if demo.failed or args.stop_after == "hidden_states":
+        return finish(demo, start, home)
+
+    print("4/5 EAGLE-3 draft training (Dagster Pipes subprocess)", flush=True)
+    demo.materialize([DRAFT_KEY], "draft_model", config={"draft_model": {"config": DRAFT_CONFIG}})
+    if demo.failed or args.stop_after == "draft":
+        return finish(demo, start, home)
+
+    print("5/5 acceptance length on held-out prompts (speculative decoding against the target)", flush=True)
+    if demo.materialize([BENCHMARK_KEY], "draft_benchmark", config={"draft_benchmark": {"config": BENCHMARK_CONFIG}}):
+        md = instance.get_latest_materialization_event(BENCHMARK_KEY).asset_materialization.metadata
+        print(
+            f"  acceptance length τ: trained {md['acceptance_length'].value:.2f}, "
+            f"untrained {md['acceptance_length_untrained'].value:.2f}; per position "
+            f"{md['per_position_accept_rate'].value}"
+        )
+        print(f"  exported draft: {latest_export_dir()}/export (SGLang), {latest_export_dir()}/export-vllm (vLLM)")
+    return finish(demo, start, home)
+
+
+def finish(demo: Demo, start: float, home) -> int:
+    print(f"\nfinished in {time.monotonic() - start:.1f}s; {len(demo.failed)} failed {demo.failed or ''}")
+    print(f"outputs under {settings.forge_home()}: generated/, tokenized/, corpus/, hidden_states/, draft/")
     print(
-        f"OpenRouter simulator still serving at {resources['openrouter'].base_url} (log: "
-        f"{settings.forge_home() / 'simulator' / 'simulator.log'}); `pkill -f resources.simulator` stops it"
+        f"OpenRouter simulator still serving at {demo.resources['openrouter'].base_url}; "
+        "`pkill -f resources.simulator` stops it"
     )
-    print(
-        f"Dagster instance:  {home}   (browse it: DAGSTER_HOME={home} dagster dev -w workspace.yaml"
-        " → http://127.0.0.1:3000)"
-    )
-    return 1 if failed else 0
+    print(f"Dagster UI: DAGSTER_HOME={home} .venv/bin/dagster dev -w workspace.yaml → http://127.0.0.1:3000")
+    return 1 if demo.failed else 0
 
 
 if __name__ == "__main__":

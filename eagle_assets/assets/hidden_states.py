@@ -88,17 +88,21 @@ def hidden_states(context: dg.AssetExecutionContext, target: TargetModelResource
     progress = _progress_logger(context)
     started = time.monotonic()
     if target.backend == "hf":
-        from eagle_assets.hidden_states.extract_hf import extract_hf
+        import torch
 
+        from eagle_assets.hidden_states.extract_hf import extract_hf
+        from eagle_assets.target.tiny import load_target
+
+        device = target.torch_device()
+        model = load_target(model_dir, device, torch.bfloat16 if device.type == "cuda" else torch.float32)
         report = extract_hf(
-            model_dir,
+            model,
             {key: samples},
             out,
             model_id=target.model_id(),
             layers=target.layers(),
             dtype=target.dtype(),
             max_tokens_per_batch=target.max_tokens_per_batch,
-            device=target.torch_device(),
             progress=progress,
             reserve_bytes=reserve,
         )

@@ -50,6 +50,7 @@ from eagle_assets.draft.model import Eagle3Draft
 from eagle_assets.draft.ttt import (
     TargetHead,
     loss_mask_counts,
+    needed_target_positions,
     resolve_attn_impl,
     simulated_acceptance,
     step_accuracies,
@@ -283,7 +284,11 @@ class Trainer:
             batch = {key: v.to(self.device) for key, v in batch.items()}
             aux, last = self._features(batch)
             target_p, target_top = target_distribution(
-                last, self.target_head, self.model.used_ids(), cfg.target_chunk_tokens
+                last,
+                self.target_head,
+                self.model.used_ids(),
+                cfg.target_chunk_tokens,
+                needed=needed_target_positions(batch["loss_mask"]),
             )
             sync = m == len(batches) - 1 or not isinstance(self.module, nn.parallel.DistributedDataParallel)
             ctx = contextlib.nullcontext() if sync else self.module.no_sync()  # type: ignore[operator]
@@ -374,7 +379,9 @@ class Trainer:
             tokens += int(batch["lengths"].sum())
             batch = {key: v.to(self.device) for key, v in batch.items()}
             aux, last = self._features(batch)
-            target_p, target_top = target_distribution(last, self.target_head, self.model.used_ids())
+            target_p, target_top = target_distribution(
+                last, self.target_head, self.model.used_ids(), needed=needed_target_positions(batch["loss_mask"])
+            )
             with self._autocast():
                 out = ttt_forward(
                     self.model,

@@ -121,14 +121,25 @@ def resolve_attn_impl(impl: str, device: torch.device) -> str:
 
 @torch.no_grad()
 def target_distribution(
-    last: torch.Tensor, target_head: TargetHead, used_ids: torch.Tensor, chunk_tokens: int = 1024
+    last: torch.Tensor,
+    target_head: TargetHead,
+    used_ids: torch.Tensor,
+    chunk_tokens: int = 1024,
+    needed: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(softmax of the target logits over the draft vocabulary [B,T,N] fp32, target top-1 [B,T]).
 
     Chunked over tokens so that only ``chunk_tokens`` × V logits exist at a time (V = 163,840 for Kimi).
+    ``needed`` ([B,T] bool, see ``needed_target_positions``) limits the head to the positions some
+    TTT step reads; the others get zeros (never read: their loss weight is 0). The head over the full
+    target vocabulary dominates a CPU step, and prompt and padding positions are most of a batch.
     """
     b, t, h = last.shape
+    n = used_ids.numel()
     flat = last.reshape(b * t, h)
+    rows = None if needed is None else needed.reshape(b * t).nonzero().squeeze(1)
+    if rows is not None:
+        flat = flat[rows]
     if isinstance(target_head, torch.nn.Module):  # a store may hold bf16 features for an fp32 head (or vice versa)
         param = next(target_head.parameters(), None)
         if param is not None and param.is_floating_point():
@@ -138,10 +149,23 @@ def target_distribution(
         logits = target_head(flat[i : i + chunk_tokens]).float()
         tops.append(logits.argmax(-1))
         probs.append(torch.softmax(logits[:, used_ids], dim=-1))
-    n = used_ids.numel()
-    if not probs:
-        return last.new_zeros(b, t, n, dtype=torch.float32), torch.zeros(b, t, dtype=torch.int64, device=last.device)
-    return torch.cat(probs).view(b, t, n), torch.cat(tops).view(b, t)
+    p = torch.cat(probs) if probs else last.new_zeros(0, n, dtype=torch.float32)
+    top = torch.cat(tops) if tops else torch.zeros(0, dtype=torch.int64, device=last.device)
+    if rows is None:
+        if not probs:
+            return last.new_zeros(b, t, n, dtype=torch.float32), torch.zeros(
+                b, t, dtype=torch.int64, device=last.device
+            )
+        return p.view(b, t, n), top.view(b, t)
+    full_p = last.new_zeros(b * t, n, dtype=torch.float32)
+    full_top = torch.zeros(b * t, dtype=torch.int64, device=last.device)
+    full_p[rows], full_top[rows] = p, top
+    return full_p.view(b, t, n), full_top.view(b, t)
+
+
+def needed_target_positions(loss_mask: torch.Tensor) -> torch.Tensor:
+    """Positions whose target distribution a TTT step reads: step k at t reads t+1+k, weighted by mask[t+2+k]."""
+    return shift_left(loss_mask.to(torch.bool), 1, False)
 
 
 @dataclass
@@ -229,7 +253,9 @@ def ttt_loss(
     attn_impl: str = "eager",
 ) -> TTTOutput:
     """``ttt_forward`` on a collated batch {input_ids, loss_mask, aux, last}, target logits from ``target_head``."""
-    target_p, target_top = target_distribution(batch["last"], target_head, model.used_ids())
+    target_p, target_top = target_distribution(
+        batch["last"], target_head, model.used_ids(), needed=needed_target_positions(batch["loss_mask"])
+    )
     result = ttt_forward(
         model,
         batch["aux"],

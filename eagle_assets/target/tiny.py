@@ -22,9 +22,16 @@ seed gives the same weights on any transformers version):
   top-1 probability ≈ 0.4) instead of a flat one;
 - norms at 1.
 
+Its output vocabulary is restricted to the ~36k plain-word ids of ``tokenization.safe_vocab``
+(the other ``lm_head`` rows are zero, so their logits are 0 while the best plain word's is far
+above): the demo's responses are this model's greedy output turned into text by the simulator and
+tokenized again by the pipeline, and only for these ids is that round trip exact. So the data the
+draft trains on, the hidden states, and the target it is benchmarked against are one and the same
+model's behaviour.
+
 ``tests/hidden_states/test_tiny_target.py`` pins the outcome: greedy continuations differ between
 prompts, are not stuck in a loop, and depend on more than the last token. ``<|im_end|>`` is as likely
-as any other id, so greedy responses normally run to ``max_new_tokens``.
+as any other id outside the plain words: never chosen, so greedy responses run to ``max_new_tokens``.
 
 The model is stored in float32 (about 84 MB: two 163,840 × 64 matrices dominate) so that exactness
 tests need no up-casting; load it in bf16 when speed matters.
@@ -76,6 +83,7 @@ class TinyTargetSpec:
     logit_std: float = 6.0
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10_000.0
+    text_safe_output: bool = True  # lm_head rows zero outside ``tokenization.safe_vocab`` (see module doc)
 
     def fingerprint(self) -> str:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
@@ -121,12 +129,25 @@ def _init_weights(model: LlamaForCausalLM, spec: TinyTargetSpec) -> None:
             raise ValueError(f"unexpected parameter {name} with shape {tuple(param.shape)}")
 
 
+@torch.no_grad()
+def _restrict_output(model: LlamaForCausalLM) -> None:
+    from eagle_assets.settings import tokenizer_dir
+    from eagle_assets.tokenization.kimi_tokenizer import load_kimi_tokenizer
+    from eagle_assets.tokenization.safe_vocab import safe_token_ids
+
+    keep = torch.zeros(model.config.vocab_size, dtype=torch.bool)
+    keep[list(safe_token_ids(load_kimi_tokenizer(tokenizer_dir())))] = True
+    model.lm_head.weight[~keep] = 0.0
+
+
 def make_tiny_target(spec: TinyTargetSpec | None = None) -> LlamaForCausalLM:
     """Build the model in memory (float32, eval mode)."""
     spec = spec or TinyTargetSpec()
     config = tiny_config(spec)
     model = LlamaForCausalLM(config)
     _init_weights(model, spec)
+    if spec.text_safe_output:
+        _restrict_output(model)
     model.generation_config = GenerationConfig(
         bos_token_id=KIMI_BOS_ID, eos_token_id=KIMI_EOS_ID, pad_token_id=KIMI_PAD_ID, do_sample=False
     )

@@ -69,6 +69,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--providers-json", default=None, help="JSON list of ProviderEndpoint objects replacing the defaults"
     )
+    p.add_argument(
+        "--tiny-target",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="answer with the greedy output of the tiny target at DIR (built there when --tiny-target-seed is given)",
+    )
+    p.add_argument(
+        "--tiny-target-seed",
+        type=int,
+        default=None,
+        metavar="N",
+        help="build the tiny target with seed N (idempotent) at --tiny-target, or at its default place, and use it",
+    )
+    p.add_argument("--tiny-target-max-batch", type=int, default=_DEFAULTS.tiny_target_max_batch)
+    p.add_argument("--torch-threads", type=int, default=1, help="intra-op threads of the tiny target's forwards")
     p.add_argument("--no-uvloop", action="store_true")
     return p
 
@@ -105,6 +121,17 @@ def config_from_args(argv: Sequence[str] | None = None) -> SimulatorConfig:
     return config_from_namespace(build_parser().parse_args(argv))
 
 
+def _tiny_target_dir(args: argparse.Namespace) -> Path | None:
+    if args.tiny_target is None and args.tiny_target_seed is None:
+        return None
+    if args.tiny_target_seed is None:
+        return args.tiny_target
+    from eagle_assets.target.tiny import build_tiny_target, default_tiny_target_dir  # imports torch
+
+    seed = args.tiny_target_seed
+    return build_tiny_target(args.tiny_target or default_tiny_target_dir(seed), seed)
+
+
 def config_from_namespace(args: argparse.Namespace) -> SimulatorConfig:
     if not is_loopback_host(args.host):
         raise SystemExit(f"refusing to listen on {args.host!r}: the simulator binds loopback only")
@@ -138,6 +165,8 @@ def config_from_namespace(args: argparse.Namespace) -> SimulatorConfig:
         backlog=args.backlog,
         stream_chunks=args.stream_chunks,
         state_flush_interval_s=args.state_flush_interval,
+        tiny_target_dir=_tiny_target_dir(args),
+        tiny_target_max_batch=args.tiny_target_max_batch,
     )
 
 
@@ -158,6 +187,10 @@ async def serve(config: SimulatorConfig) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     config = config_from_namespace(args)
+    if config.tiny_target_dir is not None:
+        import torch
+
+        torch.set_num_threads(max(1, args.torch_threads))  # this process only: its CPU is shared with the client
     loop_factory = None
     if not args.no_uvloop:
         try:

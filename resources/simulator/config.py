@@ -130,6 +130,10 @@ class SimulatorConfig:
     state_flush_interval_s: float = 0.25  # billing is written behind, at most this stale
     stream_chunks: int = 12  # content deltas per streamed part (reasoning, content)
     processing_comment_interval_s: float = 1.0
+    # A built tiny target (``eagle_assets.target.tiny``): completions are its greedy output instead of
+    # templated text (``resources.simulator.model_generator``); None = ``KimiStyleGenerator``.
+    tiny_target_dir: Path | None = None
+    tiny_target_max_batch: int = 32  # requests decoded together in one batch
 
     def __post_init__(self) -> None:
         if not is_loopback_host(self.host):
@@ -138,3 +142,5 @@ class SimulatorConfig:
             raise ValueError("mean_completion_tokens must be >= 1")
         if not self.providers:
             raise ValueError("at least one provider endpoint is needed")
+        if self.tiny_target_max_batch < 1:
+            raise ValueError("tiny_target_max_batch must be >= 1")

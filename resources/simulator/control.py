@@ -155,6 +155,8 @@ def config_to_args(config: SimulatorConfig) -> list[str]:
         ("backlog", "--backlog"),
         ("stream_chunks", "--stream-chunks"),
         ("state_flush_interval_s", "--state-flush-interval"),
+        ("tiny_target_dir", "--tiny-target"),
+        ("tiny_target_max_batch", "--tiny-target-max-batch"),
     ]
     for name, flag in simple:
         value = getattr(config, name)

@@ -3,6 +3,11 @@
 Each Dagster step runs in its own process, so the simulator must be a process of its own that
 outlives them (its credit balance is shared by every step). The first step to need it spawns it,
 detached, under a file lock so that concurrent steps do not race; the others find it answering.
+
+By default it answers with the tiny target's own greedy output (``--tiny-target-seed``: the child
+builds ``default_tiny_target_dir(seed)`` if missing, the same model the target resource uses), so
+the training data is what the target really generates. ``EAGLE_FORGE_SIM_GENERATOR=kimi-style``
+switches back to the templated text; ``EAGLE_FORGE_SIM_TINY_TARGET_SEED`` picks the seed (default 0).
 """
 
 import fcntl
@@ -44,12 +49,31 @@ def is_up(base_url: str, timeout_s: float = 0.5) -> bool:
         return False
 
 
-def ensure_embedded_simulator(base_url: str, wait_s: float = 30.0) -> None:
+GENERATORS = ("tiny-target", "kimi-style")
+
+
+def generator_flags() -> list[str]:
+    """Simulator flags for ``EAGLE_FORGE_SIM_GENERATOR`` (tiny-target by default)."""
+    choice = os.environ.get("EAGLE_FORGE_SIM_GENERATOR", "").strip().lower() or GENERATORS[0]
+    if choice == "kimi-style":
+        return []
+    if choice == "tiny-target":
+        seed = int(os.environ.get("EAGLE_FORGE_SIM_TINY_TARGET_SEED", "0"))
+        # Built by the child, not here: this runs in every Dagster step and must not import torch.
+        return ["--tiny-target-seed", str(seed)]
+    raise ValueError(f"EAGLE_FORGE_SIM_GENERATOR must be one of {', '.join(GENERATORS)}, not {choice!r}")
+
+
+def ensure_embedded_simulator(base_url: str, wait_s: float | None = None) -> None:
+    """Start the simulator unless it answers; ``wait_s`` defaults to 30 s (120 s with the tiny target)."""
     u = urlparse(base_url)
     if u.hostname not in ("127.0.0.1", "localhost") or u.port is None:
         raise ValueError(f"the embedded simulator runs on 127.0.0.1 with an explicit port, not {base_url}")
     if is_up(base_url):
         return
+    gen_flags = generator_flags()
+    if wait_s is None:
+        wait_s = 120.0 if gen_flags else 30.0  # importing torch and loading the model take a while
     state = settings.forge_home() / "simulator"
     state.mkdir(parents=True, exist_ok=True)
     with open(state / "spawn.lock", "w") as lock:
@@ -69,6 +93,7 @@ def ensure_embedded_simulator(base_url: str, wait_s: float = 30.0) -> None:
             "--credits",
             os.environ.get("EAGLE_FORGE_SIM_CREDITS", "100"),
             *DEMO_FLAGS,
+            *gen_flags,
         ]
         log = open(state / "simulator.log", "ab")  # noqa: SIM115 (handed to the child)
         subprocess.Popen(

@@ -9,6 +9,7 @@ nothing is logged per request.
 """
 
 import asyncio
+import concurrent.futures
 import contextlib
 import itertools
 import json
@@ -19,6 +20,7 @@ import secrets
 import tempfile
 import time
 from collections import Counter, OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -37,6 +39,7 @@ from resources.simulator.config import (
 from resources.simulator.faults import EARLY_FAULTS, FAULT_NAMES, UNBILLED_FAULTS, FaultConfig, FaultPicker, TokenBucket
 from resources.simulator.responses import (
     ChatRequest,
+    Completion,
     KimiStyleGenerator,
     PreparedResponse,
     ResponseCache,
@@ -430,8 +433,17 @@ class Simulator:
         self.config = config
         self.state = state
         self.accountant = TokenAccountant(load_kimi_tokenizer(config.tokenizer_dir))
+        if generator is None and config.tiny_target_dir is not None:
+            from resources.simulator.model_generator import tiny_target_generator  # imports torch
+
+            generator = tiny_target_generator(config, self.accountant.tokenizer)
         self.generator: ResponseGenerator = generator or KimiStyleGenerator(
             config.seed, config.mean_completion_tokens, config.tool_call_probability
+        )
+        # A generator that blocks (a model forward) offers ``submit(request) -> concurrent Future``
+        # and is awaited off the event loop; the template generator stays inline (no await, no thread).
+        self._submit: Callable[[ChatRequest], concurrent.futures.Future[Completion]] | None = getattr(
+            self.generator, "submit", None
         )
         self.cache = ResponseCache(config.cache_size)
         self._route_cache: dict[bytes, list[ProviderEndpoint]] = {}
@@ -478,14 +490,31 @@ class Simulator:
                 self._route_cache[key] = hit
         return hit
 
-    def _prepare(self, req: ChatRequest, exclude_reasoning: bool) -> PreparedResponse:
+    @staticmethod
+    def _cache_key(req: ChatRequest, exclude_reasoning: bool) -> tuple[Any, ...]:
         choice_key = req.tool_choice if isinstance(req.tool_choice, str | None) else orjson.dumps(req.tool_choice)
-        key = (req.content_hash, req.max_tokens, exclude_reasoning, choice_key)
+        return (req.content_hash, req.max_tokens, exclude_reasoning, choice_key)
+
+    def _account(self, req: ChatRequest, completion: Completion, exclude_reasoning: bool) -> PreparedResponse:
+        prompt_tokens = self.accountant.prompt_tokens(req.messages, req.tools)
+        return self.accountant.prepare(completion, prompt_tokens, req.max_tokens, exclude_reasoning)
+
+    def _prepare(self, req: ChatRequest, exclude_reasoning: bool) -> PreparedResponse:
+        key = self._cache_key(req, exclude_reasoning)
         prepared = self.cache.get(key)
         if prepared is None:
-            completion = self.generator.generate(req)
-            prompt_tokens = self.accountant.prompt_tokens(req.messages, req.tools)
-            prepared = self.accountant.prepare(completion, prompt_tokens, req.max_tokens, exclude_reasoning)
+            prepared = self._account(req, self.generator.generate(req), exclude_reasoning)
+            self.cache.put(key, prepared)
+        return prepared
+
+    async def _prepare_off_loop(self, req: ChatRequest, exclude_reasoning: bool) -> PreparedResponse:
+        assert self._submit is not None
+        key = self._cache_key(req, exclude_reasoning)
+        prepared = self.cache.get(key)
+        if prepared is None:
+            # Shielded: a client that gives up must not cancel a generation other requests share.
+            completion = await asyncio.shield(asyncio.wrap_future(self._submit(req)))
+            prepared = self._account(req, completion, exclude_reasoning)
             self.cache.put(key, prepared)
         return prepared
 
@@ -614,7 +643,13 @@ class Simulator:
         if fault == "disallowed_provider" and self._fp4:
             provider = state.picker.choice(self._fp4)
 
-        prepared = self._prepare(req, exclude)
+        if self._submit is None:
+            prepared = self._prepare(req, exclude)
+        else:
+            try:
+                prepared = await self._prepare_off_loop(req, exclude)
+            except ValueError as exc:  # the generator could not render the prompt
+                return self._answer(400, "bad_request", _error_body(400, f"Provider returned error: {exc}"))
         reserve_tokens = req.max_tokens if req.max_tokens is not None else provider.max_completion_tokens
         needed = prepared.prompt_tokens * provider.prompt_price + reserve_tokens * provider.completion_price
         if state.account.remaining < needed:
@@ -1085,6 +1120,9 @@ class Simulator:
         limit = int(raw) if raw is not None and raw.isdigit() else None
         snap = self.state.snapshot(limit)
         snap["cache"] = {"size": len(self.cache), "hits": self.cache.hits, "misses": self.cache.misses}
+        generator_stats = getattr(self.generator, "stats", None)
+        if isinstance(generator_stats, dict):  # a model-backed generator: batches, tokens, forward seconds
+            snap["generator"] = dict(generator_stats)
         return _json_response(200, snap)
 
     async def admin_faults(self, request: web.Request) -> web.Response:

@@ -3,6 +3,7 @@ import torch
 from eagle_assets.draft.data import SyntheticDataset, collate
 from eagle_assets.draft.model import DraftKVCache, Eagle3Draft
 from eagle_assets.draft.ttt import (
+    needed_target_positions,
     shift_left,
     simulated_acceptance,
     step_attention_mask,
@@ -154,3 +155,25 @@ def test_shapes_counts_and_chunked_targets():
 def test_simulated_acceptance():
     assert simulated_acceptance([1.0, 1.0, 1.0]) == 3.0
     assert abs(simulated_acceptance([0.5, 0.5, 0.0, 1.0]) - 0.75) < 1e-12
+
+
+def test_target_head_on_needed_positions_only_changes_nothing_the_loss_reads():
+    """The head runs only where a TTT step reads the target; loss, accuracy and gradients are unchanged."""
+    data = SyntheticDataset(6, hidden_size=32, vocab_size=128, length=(5, 14), seed=3)
+    batch = collate([data[i] for i in range(6)])
+    torch.manual_seed(0)
+    model = Eagle3Draft(small_config(), data.embed_weight)
+    model.set_vocab(vocab_from_samples(data, 128, 64))
+    results = []
+    for needed in (None, needed_target_positions(batch["loss_mask"])):
+        p, top = target_distribution(batch["last"], data.target_head(), model.used_ids(), needed=needed)
+        model.zero_grad()
+        out = ttt_forward(model, batch["aux"], batch["input_ids"], batch["loss_mask"], p, top, steps=4)
+        out.loss.backward()
+        results.append((out, [q.grad.clone() for q in model.parameters() if q.grad is not None]))
+    (a, ga), (b, gb) = results
+    torch.testing.assert_close(a.loss, b.loss)
+    assert torch.equal(a.correct, b.correct) and torch.equal(a.count, b.count)
+    for x, y in zip(ga, gb, strict=True):
+        torch.testing.assert_close(x, y)
+    assert needed_target_positions(batch["loss_mask"]).sum() < batch["loss_mask"].numel()
