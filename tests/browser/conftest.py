@@ -194,8 +194,10 @@ def chromium_executable() -> str:
     return CHROMIUM
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser(chromium_executable: str) -> Iterator[Any]:
+    # Module scope, not session: Playwright's sync API keeps an event loop running on the main thread
+    # while it is open, and every later test that calls asyncio.run() would fail.
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
