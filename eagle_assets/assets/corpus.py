@@ -25,7 +25,6 @@ from eagle_assets.corpus.validation import (
 )
 from eagle_assets.datasets.config import DatasetSpec
 from eagle_assets.generation.ledger import BudgetLedger
-from eagle_assets.plots import bar_chart_md
 from resources.duckdb.resource import DuckDBResource
 
 CORPUS_GROUP = "corpus"
@@ -148,6 +147,8 @@ def dataset_spend_usd(names: Sequence[str]) -> dict[str, float]:
 def corpus_metadata(
     index: dict, tokens: dict[str, float], diffs: dict[str, float], missing: list[str]
 ) -> dict[str, dg.MetadataValue]:
+    from eagle_assets.plots import bar_chart_md  # matplotlib: only in the step that draws
+
     counts, splits = index["counts"], index["splits"]
     spend = dataset_spend_usd(list(tokens))
     rows = "\n".join(f"| {n} | {int(tokens[n])} | {diffs[n]:.5%} | {spend.get(n, 0.0):.4f} |" for n in sorted(tokens))

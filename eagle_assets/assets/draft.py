@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 import dagster as dg
-import torch
 from pydantic import Field
 
 from eagle_assets import settings
@@ -146,6 +145,8 @@ def draft_model(
     out.mkdir(parents=True, exist_ok=True)
     cfg = train_run_config(config, target.model_dir(), keys, list(store.meta.layers.hf_indices), out)
     (out / "run.json").write_text(json.dumps(cfg, indent=2))
+    import torch
+
     nproc = config.nproc_per_node or max(1, torch.cuda.device_count())
     context.log.info(f"training in {out} on {nproc} process(es): {len(store)} samples, {store.n_tokens} tokens")
     completed = pipes_subprocess_client.run(
@@ -206,6 +207,8 @@ def held_out_prompts(n: int) -> list[list[int]]:
 def draft_benchmark(
     context: dg.AssetExecutionContext, config: BenchmarkConfig, target: TargetModelResource
 ) -> dg.MaterializeResult:
+    import torch
+
     from eagle_assets.draft.export import load_draft
     from eagle_assets.draft.model import Eagle3Draft
     from eagle_assets.draft.speculative import evaluate_acceptance

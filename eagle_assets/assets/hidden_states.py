@@ -14,9 +14,6 @@ import polars as pl
 
 from eagle_assets import settings
 from eagle_assets.assets.corpus import CORPUS_KEY, CORPUS_SHARDS, shard_file
-from eagle_assets.hidden_states.extract_sglang import read_target_dims
-from eagle_assets.hidden_states.pipeline import Progress
-from eagle_assets.hidden_states.store import InsufficientDiskError, check_disk, estimate_store_bytes
 from resources.target.resource import TargetModelResource
 
 HIDDEN_STATES_GROUP = "hidden_states"
@@ -38,7 +35,7 @@ def store_dir(partition_key: str) -> Path:
 def _progress_logger(context: dg.AssetExecutionContext, every_s: float = 10.0):
     last = [0.0]
 
-    def report(p: Progress) -> None:
+    def report(p) -> None:  # a hidden_states.pipeline.Progress
         now = time.monotonic()
         if p.event == "shard" or now - last[0] >= every_s:
             last[0] = now
@@ -62,6 +59,9 @@ def _progress_logger(context: dg.AssetExecutionContext, every_s: float = 10.0):
     "for every token, as safetensors shards with an index (bf16 by default). Runs on the GPU host.",
 )
 def hidden_states(context: dg.AssetExecutionContext, target: TargetModelResource) -> dg.MaterializeResult:
+    from eagle_assets.hidden_states.extract_sglang import read_target_dims
+    from eagle_assets.hidden_states.store import InsufficientDiskError, check_disk, estimate_store_bytes
+
     key = context.partition_key
     source = shard_file(key)
     if not source.is_file():

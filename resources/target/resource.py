@@ -6,15 +6,13 @@ host, with ``backend="sglang"``) for the real thing. Nothing here ever fetches f
 """
 
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import dagster as dg
-import torch
 from pydantic import Field
 
-from eagle_assets.target.tiny import build_tiny_target, default_tiny_target_dir, tiny_model_id
-
-_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+if TYPE_CHECKING:  # torch and transformers load only in the steps that run the model
+    import torch
 
 
 class TargetModelResource(dg.ConfigurableResource):
@@ -39,15 +37,23 @@ class TargetModelResource(dg.ConfigurableResource):
             if not (path / "config.json").is_file():
                 raise FileNotFoundError(f"target model path {path} has no config.json (a local HF checkpoint)")
             return path
+        from eagle_assets.target.tiny import build_tiny_target, default_tiny_target_dir
+
         return build_tiny_target(default_tiny_target_dir(self.tiny_seed), self.tiny_seed)
 
     def model_id(self) -> str:
+        from eagle_assets.target.tiny import tiny_model_id
+
         return str(Path(self.path).expanduser()) if self.path else tiny_model_id(self.tiny_seed)
 
-    def dtype(self) -> torch.dtype:
-        return _DTYPES[self.store_dtype]
+    def dtype(self) -> "torch.dtype":
+        import torch
 
-    def torch_device(self) -> torch.device:
+        return getattr(torch, self.store_dtype)
+
+    def torch_device(self) -> "torch.device":
+        import torch
+
         if self.device:
             return torch.device(self.device)
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")

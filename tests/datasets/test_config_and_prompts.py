@@ -122,6 +122,24 @@ def test_definitions_validate(tmp_path):
     assert "Validation successful" in out.stdout + out.stderr
 
 
+def test_loading_definitions_stays_light(tmp_path):
+    """Every step process and the code server import the definitions; torch and matplotlib wait for the steps."""
+    import os
+
+    code = "import sys, eagle_assets.definitions as d; print(sorted(m for m in ('torch', 'transformers', "
+    code += "'matplotlib') if m in sys.modules))"
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "EAGLE_FORGE_HOME": str(tmp_path)},
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
+
+
 def test_every_builtin_sample_set_is_valid():
     for name in BUILDERS:
         assert len(sample_rows(name, 3)) == 3
