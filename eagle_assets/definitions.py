@@ -9,7 +9,7 @@ simulator on loopback (started on demand) and the target is the tiny model built
 import dagster as dg
 
 from eagle_assets.assets.corpus import build_corpus_asset
-from eagle_assets.assets.draft import draft_benchmark, draft_model
+from eagle_assets.assets.draft import draft_benchmark, draft_model, training_run_config
 from eagle_assets.assets.generation import build_generated_asset
 from eagle_assets.assets.hidden_states import hidden_states
 from eagle_assets.assets.tokens import build_tokenized_asset
@@ -28,11 +28,14 @@ TOKENIZED = [
 CORPUS = build_corpus_asset(list(DATASETS.values()))
 
 
+TARGET = TargetModelResource()
+
+
 def default_resources() -> dict[str, object]:
     return {
         "openrouter": openrouter_from_env(),
         "duckdb": DuckDBResource(),
-        "target": TargetModelResource(),
+        "target": TARGET,
         "pipes_subprocess_client": dg.PipesSubprocessClient(),
     }
 
@@ -40,5 +43,8 @@ def default_resources() -> dict[str, object]:
 defs = dg.Definitions(
     assets=[*GENERATED, *TOKENIZED, CORPUS, hidden_states, draft_model, draft_benchmark],
     resources=default_resources(),
-    sensors=[build_credits_sensor(GENERATED), build_training_sensor()],
+    sensors=[
+        build_credits_sensor(GENERATED),
+        build_training_sensor(run_config=training_run_config(tiny_target=not TARGET.path)),
+    ],
 )

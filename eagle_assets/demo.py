@@ -22,18 +22,6 @@ from eagle_assets.instance import configure_pools, ensure_dagster_home
 QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 # Sized so that the whole demo fits in minutes on 2 CPU cores.
 CORPUS_CONFIG = {"max_samples_per_shard": 160, "eval_fraction": 0.05}
-DRAFT_CONFIG = {
-    "draft_vocab_size": 4096,
-    "epochs": 6,
-    "batch_size": 8,
-    "lr": 5e-3,
-    "warmup_ratio": 0.05,
-    "ttt_steps": 7,
-    "max_length": 512,
-    "checkpoint_every": 50,
-    "log_every": 10,
-}
-BENCHMARK_CONFIG = {"num_prompts": 16, "max_new_tokens": 48, "num_draft_tokens": 4}
 
 
 class Demo:
@@ -74,7 +62,13 @@ def main(argv: list[str] | None = None) -> int:
     home = ensure_dagster_home()
     from eagle_assets import definitions  # after DAGSTER_HOME is set
     from eagle_assets.assets.corpus import CORPUS_KEY, CORPUS_SHARDS
-    from eagle_assets.assets.draft import BENCHMARK_KEY, DRAFT_KEY, latest_export_dir
+    from eagle_assets.assets.draft import (
+        BENCHMARK_KEY,
+        DRAFT_KEY,
+        TINY_TARGET_BENCHMARK_CONFIG,
+        TINY_TARGET_TRAIN_CONFIG,
+        latest_export_dir,
+    )
     from eagle_assets.assets.hidden_states import HIDDEN_STATES_KEY
 
     instance = dg.DagsterInstance.get()
@@ -107,12 +101,14 @@ def main(argv: list[str] | None = None) -> int:
         return finish(demo, start, home)
 
     print("4/5 EAGLE-3 draft training (Dagster Pipes subprocess)", flush=True)
-    demo.materialize([DRAFT_KEY], "draft_model", config={"draft_model": {"config": DRAFT_CONFIG}})
+    demo.materialize([DRAFT_KEY], "draft_model", config={"draft_model": {"config": TINY_TARGET_TRAIN_CONFIG}})
     if demo.failed or args.stop_after == "draft":
         return finish(demo, start, home)
 
     print("5/5 acceptance length on held-out prompts (speculative decoding against the target)", flush=True)
-    if demo.materialize([BENCHMARK_KEY], "draft_benchmark", config={"draft_benchmark": {"config": BENCHMARK_CONFIG}}):
+    if demo.materialize(
+        [BENCHMARK_KEY], "draft_benchmark", config={"draft_benchmark": {"config": TINY_TARGET_BENCHMARK_CONFIG}}
+    ):
         md = instance.get_latest_materialization_event(BENCHMARK_KEY).asset_materialization.metadata
         print(
             f"  acceptance length τ: trained {md['acceptance_length'].value:.2f}, "

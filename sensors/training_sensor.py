@@ -1,5 +1,8 @@
 """Start draft training (and its benchmark) once the hidden states it needs are all materialized."""
 
+from collections.abc import Mapping
+from typing import Any
+
 import dagster as dg
 from dagster._core.events import DagsterEventType
 
@@ -8,7 +11,9 @@ from eagle_assets.assets.hidden_states import HIDDEN_STATES_KEY
 from sensors.training import decide_training
 
 
-def build_training_sensor(minimum_interval_seconds: int = 30) -> dg.SensorDefinition:
+def build_training_sensor(
+    minimum_interval_seconds: int = 30, run_config: Mapping[str, Any] | None = None
+) -> dg.SensorDefinition:
     @dg.sensor(
         name="draft_training",
         minimum_interval_seconds=minimum_interval_seconds,
@@ -28,7 +33,13 @@ def build_training_sensor(minimum_interval_seconds: int = 30) -> dg.SensorDefini
         if not decision.run:
             return dg.SkipReason(decision.reason)
         return dg.SensorResult(
-            run_requests=[dg.RunRequest(run_key=decision.run_key, tags={"eagle-forge/trigger": "hidden_states"})]
+            run_requests=[
+                dg.RunRequest(
+                    run_key=decision.run_key,
+                    run_config=dict(run_config or {}),
+                    tags={"eagle-forge/trigger": "hidden_states"},
+                )
+            ]
         )
 
     return draft_training

@@ -46,6 +46,35 @@ class DraftTrainConfig(dg.Config):
     nproc_per_node: int = Field(0, ge=0, description="DDP processes (0: one per visible GPU, at least one)")
 
 
+# The defaults above are sized for a real target (Kimi: 32k draft vocabulary, long samples, many GPUs).
+# The tiny target of the embedded default learns in minutes on 2 CPU cores with these instead
+# (measured: τ 3.35 against 1.00 untrained after 270 steps, about 4 minutes).
+TINY_TARGET_TRAIN_CONFIG: dict[str, object] = {
+    "draft_vocab_size": 4096,
+    "epochs": 6,
+    "batch_size": 8,
+    "lr": 5e-3,
+    "warmup_ratio": 0.05,
+    "ttt_steps": 7,
+    "max_length": 512,
+    "checkpoint_every": 50,
+    "log_every": 10,
+}
+TINY_TARGET_BENCHMARK_CONFIG: dict[str, object] = {"num_prompts": 16, "max_new_tokens": 48, "num_draft_tokens": 4}
+
+
+def training_run_config(tiny_target: bool) -> dict[str, object]:
+    """What the training sensor launches with: the tiny sizing for the tiny target, else the defaults."""
+    if not tiny_target:
+        return {}
+    return {
+        "ops": {
+            "draft_model": {"config": TINY_TARGET_TRAIN_CONFIG},
+            "draft_benchmark": {"config": TINY_TARGET_BENCHMARK_CONFIG},
+        }
+    }
+
+
 def train_partitions(instance: dg.DagsterInstance) -> list[str]:
     from eagle_assets.assets.corpus import CORPUS_SHARDS
 

@@ -6,7 +6,13 @@ import dagster as dg
 import pytest
 
 from eagle_assets.assets.corpus import build_corpus_asset
-from eagle_assets.assets.draft import draft_benchmark, draft_model, latest_export_dir
+from eagle_assets.assets.draft import (
+    TINY_TARGET_TRAIN_CONFIG,
+    draft_benchmark,
+    draft_model,
+    latest_export_dir,
+    training_run_config,
+)
 from eagle_assets.assets.generation import build_generated_asset
 from eagle_assets.assets.hidden_states import hidden_states
 from eagle_assets.assets.tokens import build_tokenized_asset
@@ -33,7 +39,7 @@ def test_sensor_trains_and_benchmarks_the_draft(tmp_path, forge_home):
     gen = build_generated_asset(spec)
     tok = build_tokenized_asset(spec, gen.partitions_def)
     corpus = build_corpus_asset([spec])
-    sensor = build_training_sensor()
+    sensor = build_training_sensor(run_config=training_run_config(tiny_target=True))
     cfg = SimulatorConfig(latency=LatencyConfig.fixed(0.002), mean_completion_tokens=30, tokenizer_dir=tokenizer_dir())
     with run_simulator_in_thread(cfg) as sim, dg.instance_for_test() as instance:
         res = {
@@ -56,6 +62,7 @@ def test_sensor_trains_and_benchmarks_the_draft(tmp_path, forge_home):
         dg.materialize([hidden_states], partition_key="train-00001", instance=instance, resources=res)
         first = sensor(ctx)
         assert isinstance(first, dg.SensorResult) and len(first.run_requests) == 1
+        assert first.run_requests[0].run_config["ops"]["draft_model"]["config"] == TINY_TARGET_TRAIN_CONFIG
 
         # … then training runs as a Pipes subprocess and reports its curves and export.
         r = dg.materialize(
