@@ -59,6 +59,32 @@ def read_allowed_providers(dataset: str, shard: str) -> list[str]:
         return []
 
 
+def native_counts_path(dataset: str, shard: str) -> Path:
+    return settings.generated_dir() / dataset / f"{shard}.native.json"
+
+
+def read_native_counts(dataset: str, shard: str) -> dict[str, int]:
+    try:
+        return {k: int(v) for k, v in json.loads(native_counts_path(dataset, shard).read_text()).items()}
+    except FileNotFoundError:
+        return {}
+
+
+def fetch_native_counts(parquet: Path, dataset: str, shard: str, openrouter: OpenRouterResource) -> int:
+    """The provider's own completion counts for a sample of kept responses, beside the partition."""
+    import polars as pl
+
+    have = read_native_counts(dataset, shard)
+    frame = pl.read_parquet(parquet, columns=["prompt_id", "generation_id"]).drop_nulls()
+    wanted = {p: g for p, g in zip(frame["prompt_id"], frame["generation_id"], strict=True) if p not in have}
+    room = max(0, openrouter.native_count_sample - len(have))
+    picked = dict(sorted(wanted.items())[:room])
+    if picked:
+        have.update(openrouter.native_completion_counts(picked))
+        atomic_write_bytes(native_counts_path(dataset, shard), (json.dumps(have, sort_keys=True) + "\n").encode())
+    return len(have)
+
+
 def _md_table(header: tuple[str, str], rows: list[tuple[str, object]]) -> str:
     lines = [f"| {header[0]} | {header[1]} |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows]
     return "\n".join(lines)
@@ -126,6 +152,7 @@ def run_generation(
         )
     meta["rows"] = dg.MetadataValue.int(write_partition_parquet(journal, parquet))
     meta["path"] = dg.MetadataValue.path(str(parquet))
+    meta["native_counts_fetched"] = dg.MetadataValue.int(fetch_native_counts(parquet, spec.name, shard, openrouter))
     outcomes = run_generated_checks(parquet, allowed, duckdb.settings())
     return dg.MaterializeResult(
         metadata=meta, check_results=check_results(context.asset_key, outcomes, GENERATED_CHECKS)

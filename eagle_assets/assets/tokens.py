@@ -6,7 +6,12 @@ import dagster as dg
 
 from eagle_assets import settings
 from eagle_assets.assets.checks import TOKENIZED_CHECKS, check_results, check_specs
-from eagle_assets.assets.generation import generated_asset_key, partition_paths, read_allowed_providers
+from eagle_assets.assets.generation import (
+    generated_asset_key,
+    partition_paths,
+    read_allowed_providers,
+    read_native_counts,
+)
 from eagle_assets.corpus.tokenize_partition import tokenize_generated
 from eagle_assets.corpus.tokenized_schema import write_tokenized
 from eagle_assets.corpus.validation import run_tokenized_checks
@@ -57,7 +62,13 @@ def build_tokenized_asset(spec: DatasetSpec, partitions_def: dg.PartitionsDefini
                 "materialize the generation partition first",
                 allow_retries=False,
             )
-        rows, summary = tokenize_generated(generated, spec.name, shard, load_kimi_tokenizer(settings.tokenizer_dir()))
+        rows, summary = tokenize_generated(
+            generated,
+            spec.name,
+            shard,
+            load_kimi_tokenizer(settings.tokenizer_dir()),
+            native_counts=read_native_counts(spec.name, shard),
+        )
         out = tokenized_path(spec.name, shard)
         out.parent.mkdir(parents=True, exist_ok=True)
         write_tokenized(out, rows)
@@ -75,6 +86,9 @@ def build_tokenized_asset(spec: DatasetSpec, partitions_def: dg.PartitionsDefini
                 "api_completion_tokens": dg.MetadataValue.int(summary.api_completion_tokens),
                 "token_count_relative_diff": dg.MetadataValue.float(summary.relative_diff),
                 "samples_with_token_diff": dg.MetadataValue.int(summary.nonzero_diffs),
+                "samples_with_native_count": dg.MetadataValue.int(
+                    sum(r["native_completion_tokens"] is not None for r in rows)
+                ),
             },
         )
 

@@ -76,5 +76,6 @@ def synthetic_tokenized_table(
         "provider": pa.array([provider] * n, pa.string()),
         "ends_with_eot": pa.array(ended),
         "eot_count": pa.array(eot_in_completion.astype(np.int32)),
+        "native_completion_tokens": pa.nulls(n, pa.int32()),
     }
     return pa.table(columns).cast(ARROW_SCHEMA)

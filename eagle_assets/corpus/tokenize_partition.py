@@ -34,8 +34,14 @@ class TokenizeSummary:
 
 
 def tokenize_generated(
-    generated: Path, dataset: str, shard: str, tokenizer: KimiTokenizer
+    generated: Path,
+    dataset: str,
+    shard: str,
+    tokenizer: KimiTokenizer,
+    native_counts: dict[str, int] | None = None,
 ) -> tuple[list[dict[str, Any]], TokenizeSummary]:
+    """``native_counts``: prompt id → the provider's native completion count, where it was fetched."""
+    native_counts = native_counts or {}
     frame = pl.read_parquet(generated)
     records = [
         {**r, "messages": _json(r["messages"]), "tools": _json(r["tools"]), "tool_calls": _json(r["tool_calls"])}
@@ -51,6 +57,7 @@ def tokenize_generated(
             api_completion_tokens=int(r["completion_tokens"] or 0),
             finish_reason=r["finish_reason"],
             provider=r["provider"],
+            native_completion_tokens=native_counts.get(r["prompt_id"]),
         )
         for rc, r in zip(recons, records, strict=True)
     ]

@@ -43,6 +43,7 @@ TOKENIZED_SCHEMA: dict[str, pl.DataType] = {
     "provider": pl.String(),
     "ends_with_eot": pl.Boolean(),
     "eot_count": pl.Int32(),
+    "native_completion_tokens": pl.Int32(),
 }
 
 # The Arrow form written to disk: 32-bit offsets and plain strings (what pyarrow, DuckDB and polars
@@ -63,6 +64,8 @@ ARROW_SCHEMA = pa.schema(
         pa.field("provider", pa.string()),
         pa.field("ends_with_eot", pa.bool_(), nullable=False),
         pa.field("eot_count", pa.int32(), nullable=False),
+        # The provider's own count from /generation, for the samples where it was fetched (else null).
+        pa.field("native_completion_tokens", pa.int32()),
     ]
 )
 COLUMNS: tuple[str, ...] = tuple(ARROW_SCHEMA.names)
@@ -87,6 +90,7 @@ def tokenized_row(
     finish_reason: str | None,
     provider: str | None,
     eot_id: int = EOT_ID,
+    native_completion_tokens: int | None = None,
 ) -> dict[str, Any]:
     """One row, its derived columns computed here so that every writer derives them the same way."""
     ids = list(recon.input_ids)
@@ -106,6 +110,7 @@ def tokenized_row(
         "provider": provider,
         "ends_with_eot": bool(ids) and ids[-1] == eot_id,
         "eot_count": completion.count(eot_id),
+        "native_completion_tokens": native_completion_tokens,
     }
 
 

@@ -325,12 +325,17 @@ def check_token_diff(
                       coalesce(sum(completion_len), 0) AS sum_completion_len,
                       coalesce(avg(abs(token_diff)), 0) AS mean_abs_diff,
                       coalesce(max(abs(token_diff)), 0) AS max_abs_diff,
-                      count(*) FILTER (WHERE token_diff <> 0) AS rows_with_diff
+                      count(*) FILTER (WHERE token_diff <> 0) AS rows_with_diff,
+                      count(native_completion_tokens) AS rows_with_native,
+                      coalesce(sum(completion_len - native_completion_tokens), 0) AS sum_native_diff,
+                      coalesce(sum(native_completion_tokens), 0) AS sum_native_completion_tokens
                FROM {src}""",
             params,
         )
         ratio = abs(s["sum_diff"]) / s["sum_api_completion_tokens"] if s["sum_api_completion_tokens"] else 0.0
-        passed = ratio <= bound and (s["rows"] == 0 or s["sum_api_completion_tokens"] > 0)
+        native = s["sum_native_completion_tokens"]
+        native_ratio = abs(s["sum_native_diff"]) / native if native else 0.0
+        passed = ratio <= bound and native_ratio <= bound and (s["rows"] == 0 or s["sum_api_completion_tokens"] > 0)
         examples = (
             []
             if passed
@@ -341,10 +346,17 @@ def check_token_diff(
                 {**params, "k": settings.max_examples},
             )
         )
-    metadata: dict[str, MetadataValue] = {**s, "relative_diff": ratio, "bound": bound}
+    metadata: dict[str, MetadataValue] = {
+        **s,
+        "relative_diff": ratio,
+        "native_relative_diff": native_ratio,
+        "bound": bound,
+    }
     summary = (
         f"|Σ diff| / Σ api tokens = {ratio:.6f} ({'≤' if passed else '>'} {bound}); max per sample {s['max_abs_diff']}"
     )
+    if s["rows_with_native"]:
+        summary += f"; against /generation native counts ({s['rows_with_native']} samples): {native_ratio:.6f}"
     return CheckOutcome("token_diff", passed, summary, metadata, examples)
 
 

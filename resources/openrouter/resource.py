@@ -68,6 +68,9 @@ class OpenRouterResource(ConfigurableResource):
     retry_base_delay_s: float = 0.5
     retry_max_delay_s: float = 60.0
     progress_interval_s: float = 5.0
+    native_count_sample: int = Field(
+        32, ge=0, description="per partition, kept responses whose native token counts are fetched from /generation"
+    )
     key_poll_interval_s: float = 15.0
     start_embedded_simulator: bool = Field(
         False, description="Start the bundled simulator at base_url (loopback only) if nothing answers there"
@@ -146,6 +149,32 @@ class OpenRouterResource(ConfigurableResource):
 
         key_remaining = asyncio.run(remaining())
         return headroom if key_remaining is None else min(headroom, key_remaining)
+
+    def native_completion_counts(self, generation_ids: dict[str, str], attempts: int = 3) -> dict[str, int]:
+        """prompt id → ``native_tokens_completion`` from ``/generation`` (free calls; a 404 is retried briefly,
+        since OpenRouter needs a moment to index a finished generation, then skipped)."""
+        if not generation_ids:
+            return {}
+        self.ensure_server()
+
+        async def fetch_all() -> dict[str, int]:
+            out: dict[str, int] = {}
+            gate = asyncio.Semaphore(16)
+            async with self.client() as client:
+
+                async def one(prompt_id: str, gen_id: str) -> None:
+                    async with gate:
+                        for attempt in range(attempts):
+                            data = await client.generation(gen_id)
+                            if data is not None and data.get("native_tokens_completion") is not None:
+                                out[prompt_id] = int(data["native_tokens_completion"])
+                                return
+                            await asyncio.sleep(0.5 * (attempt + 1))
+
+                await asyncio.gather(*(one(p, g) for p, g in generation_ids.items()))
+            return out
+
+        return asyncio.run(fetch_all())
 
     # --- one partition -----------------------------------------------------------------------
     def run_partition(self, job: PartitionJob, log: logging.Logger | Any) -> PartitionReport:

@@ -177,7 +177,18 @@ def test_tokenized_partition_matches_the_api_token_counts_exactly(tmp_path, forg
         md = result.asset_materializations_for_node(tok.node_def.name)[0].metadata
         assert md["samples"].value == 40
         assert md["samples_with_token_diff"].value == 0  # exact on the simulator
+        gmd = result.asset_materializations_for_node(gen.node_def.name)[0].metadata
+        assert gmd["native_counts_fetched"].value == 32 == md["samples_with_native_count"].value  # the default sample
+        diff_check = next(
+            e.event_specific_data
+            for e in result.all_events
+            if e.event_type_value == "ASSET_CHECK_EVALUATION" and e.event_specific_data.check_name == "token_diff"
+        )
+        assert diff_check.passed and diff_check.metadata["rows_with_native"].value == 32
+        assert diff_check.metadata["native_relative_diff"].value == 0.0
         frame = read_tokenized(tokenized_path("K4", "0000"))
+        natives = [r for r in frame.iter_rows(named=True) if r["native_completion_tokens"] is not None]
+        assert len(natives) == 32 and all(r["native_completion_tokens"] == r["completion_len"] for r in natives)
         for row in frame.iter_rows(named=True):
             ids, mask = row["input_ids"], row["loss_mask"]
             assert len(ids) == len(mask) == row["prompt_len"] + row["completion_len"]
