@@ -2,7 +2,6 @@
 
 import dagster as dg
 import polars as pl
-import pytest
 import torch
 
 from eagle_assets.assets.corpus import CORPUS_SHARDS, build_corpus_asset, corpus_dir, shard_file
@@ -18,12 +17,7 @@ from resources.simulator.config import LatencyConfig, SimulatorConfig
 from resources.simulator.control import run_simulator_in_thread
 from resources.target.resource import TargetModelResource
 from tests.generation.test_dagster_generation import resource_for, write_prompts
-
-
-@pytest.fixture
-def forge_home(tmp_path, monkeypatch):
-    monkeypatch.setenv("EAGLE_FORGE_HOME", str(tmp_path / "home"))
-    return tmp_path / "home"
+from tests.pipeline.conftest import pipeline_resources
 
 
 def _checks(result: dg.ExecuteInProcessResult) -> dict[tuple[str, str], bool]:
@@ -43,11 +37,7 @@ def test_checks_corpus_and_hidden_states_end_to_end(tmp_path, forge_home):
     corpus = build_corpus_asset(specs)
     cfg = SimulatorConfig(latency=LatencyConfig.fixed(0.002), mean_completion_tokens=40, tokenizer_dir=tokenizer_dir())
     with run_simulator_in_thread(cfg) as sim, dg.instance_for_test() as instance:
-        res = {
-            "openrouter": resource_for(sim.base_url, max_tokens=48),
-            "duckdb": DuckDBResource(),
-            "target": TargetModelResource(),
-        }
+        res = pipeline_resources(sim.base_url, max_tokens=48)
         for spec, gen, tok in zip(specs, gens, toks, strict=True):
             for shard in spec.shard_keys():
                 r = dg.materialize([gen, tok], partition_key=shard, instance=instance, resources=res)

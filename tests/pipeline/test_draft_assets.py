@@ -3,7 +3,6 @@
 import json
 
 import dagster as dg
-import pytest
 
 from eagle_assets.assets.corpus import build_corpus_asset
 from eagle_assets.assets.draft import (
@@ -18,20 +17,13 @@ from eagle_assets.assets.hidden_states import hidden_states
 from eagle_assets.assets.tokens import build_tokenized_asset
 from eagle_assets.datasets.config import DatasetSpec
 from eagle_assets.settings import tokenizer_dir
-from resources.duckdb.resource import DuckDBResource
 from resources.simulator.config import LatencyConfig, SimulatorConfig
 from resources.simulator.control import run_simulator_in_thread
-from resources.target.resource import TargetModelResource
 from sensors.training_sensor import build_training_sensor
-from tests.generation.test_dagster_generation import resource_for, write_prompts
+from tests.generation.test_dagster_generation import write_prompts
+from tests.pipeline.conftest import pipeline_resources
 
 TRAIN = {"draft_vocab_size": 512, "max_steps": 12, "batch_size": 4, "ttt_steps": 3, "lr": 3e-3, "log_every": 4}
-
-
-@pytest.fixture
-def forge_home(tmp_path, monkeypatch):
-    monkeypatch.setenv("EAGLE_FORGE_HOME", str(tmp_path / "home"))
-    return tmp_path / "home"
 
 
 def test_sensor_trains_and_benchmarks_the_draft(tmp_path, forge_home):
@@ -42,12 +34,7 @@ def test_sensor_trains_and_benchmarks_the_draft(tmp_path, forge_home):
     sensor = build_training_sensor(run_config=training_run_config(tiny_target=True))
     cfg = SimulatorConfig(latency=LatencyConfig.fixed(0.002), mean_completion_tokens=30, tokenizer_dir=tokenizer_dir())
     with run_simulator_in_thread(cfg) as sim, dg.instance_for_test() as instance:
-        res = {
-            "openrouter": resource_for(sim.base_url, max_tokens=32),
-            "duckdb": DuckDBResource(),
-            "target": TargetModelResource(),
-            "pipes_subprocess_client": dg.PipesSubprocessClient(),
-        }
+        res = pipeline_resources(sim.base_url, max_tokens=32)
         for shard in spec.shard_keys():
             assert dg.materialize([gen, tok], partition_key=shard, instance=instance, resources=res).success
         run_config = {"ops": {"corpus": {"config": {"max_samples_per_shard": 10, "eval_fraction": 0.2}}}}
