@@ -83,3 +83,11 @@ def test_sensor_trains_and_benchmarks_the_draft(tmp_path, forge_home):
         assert bmd["prompts"].value == 3 and len(bmd["per_position_accept_rate"].value) == 4
         assert bmd["acceptance_length"].value >= 1.0 and bmd["acceptance_length_untrained"].value >= 1.0
         assert "data:image/png;base64," in bmd["acceptance_plot"].value
+
+        # The same asset under torchrun: two gloo processes, rank 0 alone talks to Dagster through Pipes.
+        ddp = {**TRAIN, "max_steps": 2, "nproc_per_node": 2}
+        r = dg.materialize(
+            [draft_model], instance=instance, resources=res, run_config={"ops": {"draft_model": {"config": ddp}}}
+        )
+        md = r.asset_materializations_for_node("draft_model")[0].metadata
+        assert md["processes"].value == 2 and md["steps"].value == 2
