@@ -7,16 +7,19 @@ every step of the run's history (a resumed run included). Other ranks train and 
 outside Dagster (no Pipes environment), it trains and prints as ``train_cli`` does.
 """
 
-import argparse
 import json
+import os
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from dagster_pipes import DAGSTER_PIPES_CONTEXT_ENV_VAR, open_dagster_pipes
+
 from eagle_assets.draft import distributed as du
 from eagle_assets.draft.train import StepMetrics
-from eagle_assets.draft.train_cli import load_config, run
+from eagle_assets.draft.train_cli import main as train_cli_main
+from eagle_assets.draft.train_cli import run
 
 
 def read_history(path: Path) -> list[dict[str, Any]]:
@@ -94,29 +97,19 @@ def add_vllm_export(out: Path) -> Path | None:
     return dst
 
 
+def train_and_report(cfg: dict[str, Any]) -> None:
+    """Rank 0 inside a Pipes process reports to Dagster; every other case trains as ``train_cli`` does."""
+    if du.current().is_main and DAGSTER_PIPES_CONTEXT_ENV_VAR in os.environ:
+        with open_dagster_pipes() as pipes:
+            _train_reporting(cfg, pipes)
+        return
+    run(cfg)
+    if du.current().is_main and cfg.get("output_dir"):
+        add_vllm_export(Path(cfg["output_dir"]))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", required=True)
-    parser.add_argument("--backend", default=None, help="process-group backend (default: nccl on GPU, else gloo)")
-    args = parser.parse_args(argv)
-    cfg = load_config(args.config)
-    du.init_from_env(args.backend)
-    try:
-        if du.current().is_main:
-            import os
-
-            from dagster_pipes import DAGSTER_PIPES_CONTEXT_ENV_VAR, open_dagster_pipes
-
-            if DAGSTER_PIPES_CONTEXT_ENV_VAR in os.environ:
-                with open_dagster_pipes() as pipes:
-                    _train_reporting(cfg, pipes)
-                    return 0
-        run(cfg)
-        if du.current().is_main and cfg.get("output_dir"):
-            add_vllm_export(Path(cfg["output_dir"]))
-    finally:
-        du.shutdown()
-    return 0
+    return train_cli_main(argv, train=train_and_report)
 
 
 def _train_reporting(cfg: dict[str, Any], pipes: Any) -> None:

@@ -211,7 +211,8 @@ def run(
     return trainer
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, train: Callable[[dict[str, Any]], object] = run) -> int:
+    """The command line of every rank; ``train`` runs the loaded config (``pipes_train`` adds its reporting)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True)
     parser.add_argument("--backend", default=None, help="process-group backend (default: nccl on GPU, else gloo)")
@@ -219,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = load_config(args.config)
     du.init_from_env(args.backend)
     try:
-        run(cfg)
+        train(cfg)
     finally:
         du.shutdown()
     return 0
