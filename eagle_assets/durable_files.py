@@ -6,6 +6,7 @@ target, fsync the directory.
 """
 
 import contextlib
+import fcntl
 import os
 import uuid
 from collections.abc import Iterator
@@ -45,3 +46,16 @@ def atomic_file(path: Path, mode: str = "wb", tmp_name: str | None = None) -> It
 def atomic_write_bytes(path: Path, data: bytes, tmp_name: str | None = None) -> None:
     with atomic_file(path, "wb", tmp_name) as f:
         f.write(data)
+
+
+@contextlib.contextmanager
+def directory_lock(directory: Path, name: str) -> Iterator[None]:
+    """Exclusive ``flock`` on ``directory/name`` (created with the directory): writers of one directory
+    take turns, across processes, and a crashed holder's lock goes with its process."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / name, "a+") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_UN)

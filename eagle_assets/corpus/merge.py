@@ -31,12 +31,10 @@ Why it works the way it does:
   written last, so it only ever describes a complete corpus.
 """
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -55,6 +53,7 @@ from eagle_assets.corpus.io import (
     write_row_groups_atomic,
 )
 from eagle_assets.corpus.tokenized_schema import ARROW_SCHEMA, COLUMNS
+from eagle_assets.durable_files import directory_lock
 
 CORPUS_FORMAT = "eagle-forge-corpus"
 CORPUS_FORMAT_VERSION = 1
@@ -446,18 +445,6 @@ def _index_is_complete(index: dict[str, Any], key: str, out_dir: Path) -> bool:
     return True
 
 
-@contextlib.contextmanager
-def _locked(out_dir: Path) -> Iterator[None]:
-    """Two merges into one directory would delete each other's shards: the second waits."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with open(out_dir / _LOCK_NAME, "w") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
-
-
 def _remove_stale(out_dir: Path, shards: Sequence[_Shard]) -> None:
     wanted = {s.name for s in shards}
     for split in SPLITS:
@@ -478,7 +465,7 @@ def merge_corpus(sources: Sequence[Path], out_dir: Path, config: MergeConfig | N
         raise ValueError("no tokenized partitions to merge")
     described = describe_sources(sources)
     key = plan_key(described, config)
-    with _locked(out_dir):
+    with directory_lock(out_dir, _LOCK_NAME):  # two merges into one directory would delete each other's shards
         index = read_index(out_dir)
         if index is not None:
             if _index_is_complete(index, key, out_dir):

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import hashlib
 import json
 import math
@@ -55,7 +54,7 @@ import numpy as np
 import torch
 
 from eagle_assets.durable_files import atomic_write_bytes as durable_atomic_write_bytes
-from eagle_assets.durable_files import fsync_dir
+from eagle_assets.durable_files import directory_lock, fsync_dir
 from eagle_assets.hidden_states.layers import AuxLayers
 
 FORMAT = "eagle-forge-hidden-states"
@@ -239,17 +238,6 @@ def remove_stale_temporaries(directory: Path) -> list[Path]:
             p.unlink()
             removed.append(p)
     return removed
-
-
-@contextlib.contextmanager
-def _locked(directory: Path) -> Iterator[None]:
-    directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / LOCK_NAME, "a+") as lock:
-        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -550,7 +538,7 @@ class StoreWriter:
         self.meta = meta
         self.directory.mkdir(parents=True, exist_ok=True)
         remove_stale_temporaries(self.directory)
-        with _locked(self.directory):
+        with directory_lock(self.directory, LOCK_NAME):
             index = self._read_index()
             if index is None:
                 atomic_write_bytes(self.directory / INDEX_NAME, _dump({**meta.to_index(), "shards": {}}))
@@ -610,7 +598,7 @@ class StoreWriter:
             (self.directory / name).unlink()
         if not listed:
             return
-        with _locked(self.directory):
+        with directory_lock(self.directory, LOCK_NAME):
             index_doc = self._read_index() or {**self.meta.to_index(), "shards": {}}
             entry = index_doc["shards"].get(f"shard-{index:05d}")
             if entry and name in entry.get("files", {}):
@@ -637,7 +625,7 @@ class StoreWriter:
         offsets = [0]
         for n in lengths[:-1]:
             offsets.append(offsets[-1] + n)
-        with _locked(self.directory):
+        with directory_lock(self.directory, LOCK_NAME):
             doc = self._read_index() or {**self.meta.to_index(), "shards": {}}
             self._check_identity(doc)
             sid = f"shard-{index:05d}"

@@ -10,7 +10,6 @@ the training data is what the target really generates. ``EAGLE_FORGE_SIM_GENERAT
 switches back to the templated text; ``EAGLE_FORGE_SIM_TINY_TARGET_SEED`` picks the seed (default 0).
 """
 
-import fcntl
 import os
 import subprocess
 import sys
@@ -20,6 +19,7 @@ import urllib.request
 from urllib.parse import urlparse
 
 from eagle_assets import settings
+from eagle_assets.durable_files import directory_lock
 
 DEMO_FLAGS = [
     "--latency-lognormal",
@@ -75,9 +75,7 @@ def ensure_embedded_simulator(base_url: str, wait_s: float | None = None) -> Non
     if wait_s is None:
         wait_s = 120.0 if gen_flags else 30.0  # importing torch and loading the model take a while
     state = settings.forge_home() / "simulator"
-    state.mkdir(parents=True, exist_ok=True)
-    with open(state / "spawn.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with directory_lock(state, "spawn.lock"):
         if is_up(base_url):
             return
         cmd = [
