@@ -81,8 +81,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.datasets and name not in args.datasets:
             continue
         gen, tok = dg.AssetKey(["generated", name]), dg.AssetKey(["tokenized", name])
+        done = demo.done(gen) & demo.done(tok)
         for shard in spec.shard_keys():
-            if shard in demo.done(gen) and shard in demo.done(tok):
+            if shard in done:
                 continue
             demo.materialize([gen, tok], f"{name}/{shard}", partition=shard)
     if demo.failed or args.stop_after == "generation":
@@ -122,10 +123,11 @@ def main(argv: list[str] | None = None) -> int:
 def finish(demo: Demo, start: float, home) -> int:
     print(f"\nfinished in {time.monotonic() - start:.1f}s; {len(demo.failed)} failed {demo.failed or ''}")
     print(f"outputs under {settings.forge_home()}: generated/, tokenized/, corpus/, hidden_states/, draft/")
-    print(
-        f"OpenRouter simulator still serving at {demo.resources['openrouter'].base_url}; "
-        "`pkill -f resources.simulator` stops it"
-    )
+    from resources.simulator.embedded import is_up
+
+    base_url = demo.resources["openrouter"].base_url
+    if is_up(base_url):
+        print(f"OpenRouter simulator still serving at {base_url}; `pkill -f resources.simulator` stops it")
     print(f"Dagster UI: DAGSTER_HOME={home} .venv/bin/dagster dev -w workspace.yaml → http://127.0.0.1:3000")
     return 1 if demo.failed else 0
 
