@@ -125,8 +125,9 @@ def finish(demo: Demo, start: float, home) -> int:
     print(f"outputs under {settings.forge_home()}: generated/, tokenized/, corpus/, hidden_states/, draft/")
     from resources.simulator.embedded import is_up
 
-    base_url = demo.resources["openrouter"].base_url
-    if is_up(base_url):
+    openrouter = demo.resources["openrouter"]
+    base_url = openrouter.base_url
+    if openrouter.start_embedded_simulator and is_up(base_url):
         print(f"OpenRouter simulator still serving at {base_url}; `pkill -f resources.simulator` stops it")
     print(f"Dagster UI: DAGSTER_HOME={home} .venv/bin/dagster dev -w workspace.yaml → http://127.0.0.1:3000")
     return 1 if demo.failed else 0
