@@ -26,6 +26,8 @@ def ledger_path() -> Path:
     return forge_home() / "state" / "ledger.sqlite"
 
 
-def tokenizer_dir() -> Path:
-    default = REPO_ROOT.parent / "shared" / "tokenizers" / "kimi-k2.5"
-    return Path(os.environ.get("EAGLE_FORGE_TOKENIZER") or default).expanduser().resolve()
+def tokenizer_dir(source: str | Path | None = None) -> Path:
+    """The Kimi tokenizer folder: ``source``, else ``$EAGLE_FORGE_TOKENIZER``, else the bundled copy."""
+    from eagle_assets.tokenization.tokenizer_source import resolve_tokenizer_dir
+
+    return resolve_tokenizer_dir(source)

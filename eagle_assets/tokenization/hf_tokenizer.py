@@ -30,7 +30,8 @@ from transformers.tokenization_utils_base import AddedToken
 
 from eagle_assets.tokenization.chat_encoding import encode_chat
 from eagle_assets.tokenization.chat_template import render_chat
-from eagle_assets.tokenization.kimi_tokenizer import DEFAULT_TOKENIZER_DIR, KimiTokenizer, load_kimi_tokenizer
+from eagle_assets.tokenization.kimi_tokenizer import KimiTokenizer, load_kimi_tokenizer
+from eagle_assets.tokenization.tokenizer_source import resolve_tokenizer_dir
 
 
 @lru_cache(maxsize=1)
@@ -79,8 +80,7 @@ class KimiHFTokenizer(PreTrainedTokenizer):
         pad_token: str = "[PAD]",
         **kwargs: Any,
     ) -> None:
-        directory = Path(vocab_file).parent if vocab_file else DEFAULT_TOKENIZER_DIR
-        self.kimi: KimiTokenizer = load_kimi_tokenizer(directory)
+        self.kimi: KimiTokenizer = load_kimi_tokenizer(Path(vocab_file).parent if vocab_file else None)
         self._tokens, self._token_to_id = _vocab_tables(str(self.kimi.directory))
         self._special_ids = frozenset(self.kimi.id_to_special)
         self._added_tokens_decoder = {
@@ -212,6 +212,8 @@ class KimiHFTokenizer(PreTrainedTokenizer):
         return BatchEncoding(enc, tensor_type=return_tensors, prepend_batch_axis=return_tensors is not None)
 
 
-def load_hf_tokenizer(directory: str | Path = DEFAULT_TOKENIZER_DIR, **kwargs: Any) -> KimiHFTokenizer:
-    """``KimiHFTokenizer.from_pretrained`` on a local directory, never touching the network."""
-    return KimiHFTokenizer.from_pretrained(str(directory), local_files_only=True, **kwargs)
+def load_hf_tokenizer(directory: str | Path | None = None, **kwargs: Any) -> KimiHFTokenizer:
+    """``KimiHFTokenizer.from_pretrained`` on a local directory (default: the configured Kimi tokenizer
+    folder, see ``resolve_tokenizer_dir``), never touching the network."""
+    folder = resolve_tokenizer_dir(directory)
+    return KimiHFTokenizer.from_pretrained(str(folder), local_files_only=True, **kwargs)

@@ -3,7 +3,8 @@
 The Hugging Face release ships ``tokenization_kimi.py`` as remote code; we never execute remote
 code, so the encoder is rebuilt here from the two data files (``tiktoken.model`` and
 ``tokenizer_config.json``). Token ids must be exactly the target's, so the construction follows
-the published facts: 163,584 BPE ranks, then 256 special/reserved ids.
+the published facts: 163,584 BPE ranks, then 256 special/reserved ids. Which files are read is
+decided by :mod:`eagle_assets.tokenization.tokenizer_source` (bundled copy, a folder, or the Hub).
 """
 
 import base64
@@ -13,6 +14,16 @@ from functools import lru_cache
 from pathlib import Path
 
 import tiktoken
+
+from eagle_assets.tokenization.tokenizer_source import (
+    BUNDLED_DIR,
+    TokenizerFilesError,
+    require_files,
+    resolve_tokenizer_dir,
+    verify_checksums,
+)
+
+__all__ = ["DEFAULT_TOKENIZER_DIR", "KimiTokenizer", "TokenizerFilesError", "load_kimi_tokenizer"]
 
 # The Kimi pre-tokenizer pattern (tiktoken ``pat_str``), verbatim from the model's tokenizer.
 KIMI_PAT_STR = "|".join(
@@ -29,11 +40,7 @@ KIMI_PAT_STR = "|".join(
 )
 
 NUM_RESERVED_SPECIAL = 256
-DEFAULT_TOKENIZER_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "tokenizers" / "kimi-k2.5"
-
-
-class TokenizerFilesError(FileNotFoundError):
-    """The tokenizer directory lacks ``tiktoken.model`` or ``tokenizer_config.json``."""
+DEFAULT_TOKENIZER_DIR = BUNDLED_DIR
 
 
 def _read_ranks(path: Path) -> dict[bytes, int]:
@@ -84,19 +91,19 @@ class KimiTokenizer:
         return self.special_tokens["<|im_end|>"]
 
 
-def load_kimi_tokenizer(directory: str | Path = DEFAULT_TOKENIZER_DIR) -> KimiTokenizer:
-    """Load the tokenizer from a local directory; cached per resolved path."""
-    return _load_cached(str(Path(directory).expanduser().resolve()))
+def load_kimi_tokenizer(source: str | Path | None = None) -> KimiTokenizer:
+    """Load the tokenizer from ``source`` (a folder, a Hub repo id, ``bundled``; default: see
+    ``resolve_tokenizer_dir``); cached per resolved folder."""
+    return _load_cached(str(resolve_tokenizer_dir(source)))
 
 
 @lru_cache(maxsize=4)
 def _load_cached(directory: str) -> KimiTokenizer:
     root = Path(directory)
+    require_files(root)
+    verify_checksums(root)
     model_file = root / "tiktoken.model"
     config_file = root / "tokenizer_config.json"
-    for f in (model_file, config_file):
-        if not f.is_file():
-            raise TokenizerFilesError(f"tokenizer file not found: {f} (expected a Kimi tokenizer directory)")
     ranks = _read_ranks(model_file)
     config = json.loads(config_file.read_text(encoding="utf-8"))
     n_ranks = len(ranks)

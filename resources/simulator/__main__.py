@@ -16,9 +16,9 @@ from typing import Any
 
 import orjson
 
+from eagle_assets.settings import tokenizer_dir
 from resources.simulator.config import (
     DEFAULT_PROVIDERS,
-    DEFAULT_TOKENIZER_DIR,
     LatencyConfig,
     ProviderEndpoint,
     SimulatorConfig,
@@ -41,7 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state-file", type=Path, default=None, help="JSON file keeping the balance across restarts")
     p.add_argument("--key", action="append", default=None, help="accepted API key (repeatable; default: any)")
     p.add_argument("--key-label", default=_DEFAULTS.key_label)
-    p.add_argument("--tokenizer-dir", type=Path, default=DEFAULT_TOKENIZER_DIR)
+    p.add_argument(
+        "--tokenizer-dir", default=None, help="folder or Hub repo id (default: $EAGLE_FORGE_TOKENIZER, else bundled)"
+    )
     lat = p.add_mutually_exclusive_group()
     lat.add_argument("--latency-fixed", type=float, metavar="SECONDS")
     lat.add_argument("--latency-lognormal", type=float, nargs=2, metavar=("MEDIAN", "SIGMA"))
@@ -154,7 +156,7 @@ def config_from_namespace(args: argparse.Namespace) -> SimulatorConfig:
         state_file=args.state_file,
         accepted_keys=frozenset(args.key) if args.key else None,
         key_label=args.key_label,
-        tokenizer_dir=args.tokenizer_dir,
+        tokenizer_dir=tokenizer_dir(args.tokenizer_dir),
         providers=_providers(args.providers_json),
         latency=latency,
         faults=faults,

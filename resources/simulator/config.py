@@ -12,9 +12,10 @@ from decimal import Decimal
 from pathlib import Path
 
 from eagle_assets.settings import tokenizer_dir
+from eagle_assets.tokenization.tokenizer_source import BUNDLED_DIR
 from resources.simulator.faults import FaultConfig
 
-DEFAULT_TOKENIZER_DIR = tokenizer_dir()  # ../shared/tokenizers/kimi-k2.5 beside the repo, or $EAGLE_FORGE_TOKENIZER
+DEFAULT_TOKENIZER_DIR = BUNDLED_DIR  # the copy inside the package; $EAGLE_FORGE_TOKENIZER overrides at construction
 MODEL_SLUG = "moonshotai/kimi-k2.5"
 MODEL_PERMASLUG = "moonshotai/kimi-k2.5-0127"
 MODEL_NAME = "MoonshotAI: Kimi K2.5"
@@ -115,7 +116,7 @@ class SimulatorConfig:
     state_file: Path | None = None
     accepted_keys: frozenset[str] | None = None  # None = any non-empty key
     key_label: str = "sk-or-v1-sim...sim"
-    tokenizer_dir: Path = DEFAULT_TOKENIZER_DIR
+    tokenizer_dir: Path = field(default_factory=tokenizer_dir)
     model_slug: str = MODEL_SLUG
     model_permaslug: str = MODEL_PERMASLUG
     providers: tuple[ProviderEndpoint, ...] = DEFAULT_PROVIDERS

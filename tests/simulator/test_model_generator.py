@@ -20,6 +20,7 @@ import torch
 from eagle_assets.target.tiny import build_tiny_target
 from eagle_assets.tokenization.kimi_tokenizer import KimiTokenizer, load_kimi_tokenizer
 from eagle_assets.tokenization.reconstruction import reconstruct
+from eagle_assets.tokenization.tokenizer_source import BUNDLED_DIR
 from resources.simulator.__main__ import config_from_args
 from resources.simulator.config import SimulatorConfig
 from resources.simulator.control import SimulatorHandle, config_to_args, run_simulator_in_thread
@@ -32,7 +33,7 @@ from resources.simulator.model_generator import (
 )
 from resources.simulator.responses import ChatRequest, request_content_hash
 
-TOKENIZER_DIR = Path(__file__).parents[2].parent / "shared/tokenizers/kimi-k2.5"
+TOKENIZER_DIR = BUNDLED_DIR
 MODEL = "moonshotai/kimi-k2.5"
 AUTH = {"Authorization": "Bearer sk-or-test"}
 WEATHER_TOOL = {
@@ -47,8 +48,6 @@ WEATHER_TOOL = {
 
 @pytest.fixture(scope="module")
 def tok() -> KimiTokenizer:
-    if not (TOKENIZER_DIR / "tiktoken.model").is_file():
-        pytest.skip(f"Kimi tokenizer files not found at {TOKENIZER_DIR}")
     return load_kimi_tokenizer(TOKENIZER_DIR)
 
 
