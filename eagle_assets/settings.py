@@ -6,8 +6,16 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
+def _default_home() -> Path:
+    # A checkout keeps its state beside the code (the demo and `dagster dev` find it there); an installed
+    # wheel must not write into site-packages, so it uses the user's data folder.
+    if (REPO_ROOT / "pyproject.toml").is_file():
+        return REPO_ROOT / ".eagle_forge"
+    return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "eagle-forge"
+
+
 def forge_home() -> Path:
-    return Path(os.environ.get("EAGLE_FORGE_HOME") or REPO_ROOT / ".eagle_forge").expanduser().resolve()
+    return Path(os.environ.get("EAGLE_FORGE_HOME") or _default_home()).expanduser().resolve()
 
 
 def samples_dir() -> Path:

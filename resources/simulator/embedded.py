@@ -3,6 +3,7 @@
 Each Dagster step runs in its own process, so the simulator must be a process of its own that
 outlives them (its credit balance is shared by every step). The first step to need it spawns it,
 detached, under a file lock so that concurrent steps do not race; the others find it answering.
+Its pid goes to ``simulator.pid`` so that whoever started it (the demo) stops exactly that process.
 
 By default it answers with the tiny target's own greedy output (``--tiny-target-seed``: the child
 builds ``default_tiny_target_dir(seed)`` if missing, the same model the target resource uses), so
@@ -10,16 +11,20 @@ the training data is what the target really generates. ``EAGLE_FORGE_SIM_GENERAT
 switches back to the templated text; ``EAGLE_FORGE_SIM_TINY_TARGET_SEED`` picks the seed (default 0).
 """
 
+import json
 import os
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 from urllib.parse import urlparse
 
+import psutil
+
 from eagle_assets import settings
-from eagle_assets.durable_files import directory_lock
+from eagle_assets.durable_files import atomic_write_bytes, directory_lock
 
 DEMO_FLAGS = [
     "--latency-lognormal",
@@ -64,43 +69,129 @@ def generator_flags() -> list[str]:
     raise ValueError(f"EAGLE_FORGE_SIM_GENERATOR must be one of {', '.join(GENERATORS)}, not {choice!r}")
 
 
-def ensure_embedded_simulator(base_url: str, wait_s: float | None = None) -> None:
-    """Start the simulator unless it answers; ``wait_s`` defaults to 30 s (120 s with the tiny target)."""
+class EmbeddedSimulatorError(RuntimeError):
+    """The spawned simulator exited or never answered; the message carries its last log lines."""
+
+
+def state_dir() -> Path:
+    return settings.forge_home() / "simulator"
+
+
+def pid_file() -> Path:
+    """Who the embedded simulator is: pid, its start time and port, so only that process is ever stopped."""
+    return state_dir() / "simulator.pid"
+
+
+def _log_tail(log_path: Path, offset: int, lines: int = 12) -> str:
+    try:
+        with log_path.open("rb") as f:
+            f.seek(offset)
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def _spawn_command(port: int, gen_flags: list[str]) -> list[str]:
+    tokenizer = str(settings.tokenizer_dir())  # resolved here: a missing tokenizer fails in this step, not a child
+    return [
+        sys.executable,
+        "-m",
+        "resources.simulator",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--state-file",
+        str(state_dir() / "state.json"),
+        "--credits",
+        os.environ.get("EAGLE_FORGE_SIM_CREDITS", "100"),
+        "--tokenizer-dir",
+        tokenizer,
+        *DEMO_FLAGS,
+        *gen_flags,
+    ]
+
+
+def ensure_embedded_simulator(base_url: str, wait_s: float | None = None) -> int | None:
+    """Start the simulator unless it answers; returns the pid it started (None when one was already up).
+
+    ``wait_s`` (default 30 s, 120 s with the tiny target) bounds a slow start only: a child that exits
+    is reported at once, with the last lines it wrote, instead of waiting out the deadline.
+    """
     u = urlparse(base_url)
     if u.hostname not in ("127.0.0.1", "localhost") or u.port is None:
         raise ValueError(f"the embedded simulator runs on 127.0.0.1 with an explicit port, not {base_url}")
     if is_up(base_url):
-        return
+        return None
     gen_flags = generator_flags()
     if wait_s is None:
         wait_s = 120.0 if gen_flags else 30.0  # importing torch and loading the model take a while
-    state = settings.forge_home() / "simulator"
+    state = state_dir()
     with directory_lock(state, "spawn.lock"):
         if is_up(base_url):
-            return
-        cmd = [
-            sys.executable,
-            "-m",
-            "resources.simulator",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(u.port),
-            "--state-file",
-            str(state / "state.json"),
-            "--credits",
-            os.environ.get("EAGLE_FORGE_SIM_CREDITS", "100"),
-            *DEMO_FLAGS,
-            *gen_flags,
-        ]
-        log = open(state / "simulator.log", "ab")  # noqa: SIM115 (handed to the child)
-        subprocess.Popen(
-            cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True, cwd=str(settings.REPO_ROOT)
+            return None
+        cmd = _spawn_command(u.port, gen_flags)
+        log_path = state / "simulator.log"
+        with log_path.open("ab") as log:
+            offset = log.tell()
+            child = subprocess.Popen(
+                cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True, cwd=str(state)
+            )
+        atomic_write_bytes(
+            pid_file(),
+            json.dumps({"pid": child.pid, "create_time": _create_time(child.pid), "port": u.port}).encode(),
         )
         deadline = time.monotonic() + wait_s
         while not is_up(base_url):
+            code = child.poll()
+            if code is not None:
+                tail = _log_tail(log_path, offset)
+                raise EmbeddedSimulatorError(
+                    f"the embedded simulator exited with code {code} before answering at {base_url}; "
+                    f"its last lines ({log_path}):\n{tail or '(nothing written)'}"
+                )
             if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"the embedded simulator did not come up at {base_url}; see {state / 'simulator.log'}"
+                stop_process(child.pid, _create_time(child.pid))
+                raise EmbeddedSimulatorError(
+                    f"the embedded simulator did not answer at {base_url} within {wait_s:.0f}s (stopped it); "
+                    f"its last lines ({log_path}):\n{_log_tail(log_path, offset) or '(nothing written)'}"
                 )
             time.sleep(0.1)
+        return child.pid
+
+
+def _create_time(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
+def stop_process(pid: int, create_time: float | None, timeout_s: float = 10.0) -> bool:
+    """SIGTERM (then SIGKILL) one process, only if it is still the one started: a recycled pid is left alone."""
+    try:
+        proc = psutil.Process(pid)
+        if create_time is not None and abs(proc.create_time() - create_time) > 1.0:
+            return False
+        proc.terminate()
+        try:
+            proc.wait(timeout_s)
+        except psutil.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout_s)
+    except psutil.NoSuchProcess:
+        return False
+    return True
+
+
+def stop_embedded_simulator() -> int | None:
+    """Stop the simulator recorded in the pid file (it flushes its balance on SIGTERM); returns its pid."""
+    path = pid_file()
+    try:
+        info = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    stopped = stop_process(int(info["pid"]), info.get("create_time"))
+    path.unlink(missing_ok=True)
+    return int(info["pid"]) if stopped else None
