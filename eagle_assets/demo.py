@@ -19,9 +19,41 @@ import dagster as dg
 from eagle_assets import settings
 from eagle_assets.instance import configure_pools, ensure_dagster_home
 
-QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+# The demo prints one line per step and each failure's cause itself; Dagster's own console would repeat
+# every traceback. The run logs (with tracebacks) stay in the instance for `dagster dev`.
+QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 # Sized so that the whole demo fits in minutes on 2 CPU cores.
 CORPUS_CONFIG = {"max_samples_per_shard": 160, "eval_fraction": 0.05}
+
+
+# Causes that fail every partition alike: after one of them the demo stops instead of repeating it.
+SYSTEMIC_ERRORS = frozenset(
+    {
+        "TokenizerFilesError",
+        "TokenizerIntegrityError",
+        "EmbeddedSimulatorError",
+        "NoAllowedProviderError",
+        "TargetConfigError",
+        "OpenRouterHTTPError",
+        "DagsterInvalidConfigError",
+        "ModuleNotFoundError",
+        "ImportError",
+    }
+)
+
+
+def failure_cause(result: dg.ExecuteInProcessResult) -> tuple[str, set[str]]:
+    """The innermost error message of the first failed step, and every exception class in its chain."""
+    for event in result.get_step_failure_events():
+        error = event.step_failure_data.error
+        classes: set[str] = set()
+        message = ""
+        while error is not None:
+            classes.add(error.cls_name or "")
+            message = (error.message or "").strip() or message
+            error = error.cause
+        return message, classes
+    return "no step failed, yet the run did not succeed", set()
 
 
 class Demo:
@@ -29,6 +61,8 @@ class Demo:
         self.instance, self.defs = instance, defs
         self.resources = dict(defs.resources or {})
         self.failed: list[str] = []
+        self.succeeded = 0
+        self.systemic: str | None = None  # set when a failure would repeat for every partition
 
     def materialize(self, keys: Sequence[dg.AssetKey], label: str, partition: str | None = None, config=None) -> bool:
         assets = [self.defs.get_assets_def(k) for k in keys]
@@ -41,11 +75,18 @@ class Demo:
             raise_on_error=False,
             run_config={**QUIET, **({"ops": config} if config else {})},
         )
-        status = "ok" if result.success else "FAILED"
-        print(f"  {label}: {status} ({time.monotonic() - started:.1f}s)", flush=True)
-        if not result.success:
-            self.failed.append(label)
-        return result.success
+        elapsed = time.monotonic() - started
+        if result.success:
+            self.succeeded += 1
+            print(f"  {label}: ok ({elapsed:.1f}s)", flush=True)
+            return True
+        self.failed.append(label)
+        cause, classes = failure_cause(result)
+        detail = "\n".join("      " + line for line in cause.splitlines())
+        print(f"  {label}: FAILED ({elapsed:.1f}s)\n{detail}", flush=True)
+        if self.succeeded == 0 or classes & SYSTEMIC_ERRORS:
+            self.systemic = cause
+        return False
 
     def done(self, key: dg.AssetKey) -> set[str]:
         return set(self.instance.get_materialized_partitions(key))
@@ -55,6 +96,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--datasets", nargs="*", help="only these datasets (default: all)")
     parser.add_argument("--stop-after", choices=["generation", "corpus", "hidden_states", "draft"], default=None)
+    parser.add_argument(
+        "--keep-simulator",
+        action="store_true",
+        help="leave the simulator this demo started running (for the Dagster UI); by default it is stopped",
+    )
     args = parser.parse_args(argv)
     # Dagster flags its own Pipes internals as preview; that is not news for someone running the demo.
     warnings.filterwarnings("ignore", category=dg.PreviewWarning)
@@ -74,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     instance = dg.DagsterInstance.get()
     configure_pools(instance)
     demo = Demo(instance, definitions.defs)
+    sim = SimulatorOwnership(demo.resources["openrouter"], keep=args.keep_simulator)
     start = time.monotonic()
 
     print("1/5 generation (OpenRouter simulator) + exact token ids, per dataset × shard", flush=True)
@@ -86,25 +133,27 @@ def main(argv: list[str] | None = None) -> int:
             if shard in done:
                 continue
             demo.materialize([gen, tok], f"{name}/{shard}", partition=shard)
+            if demo.systemic:
+                return finish(demo, start, home, sim)
     if demo.failed or args.stop_after == "generation":
-        return finish(demo, start, home)
+        return finish(demo, start, home, sim)
 
     print("2/5 corpus: re-validate, deduplicate, shuffle, split, shard", flush=True)
     demo.materialize([CORPUS_KEY], "corpus", config={"corpus": {"config": CORPUS_CONFIG}})
     if demo.failed or args.stop_after == "corpus":
-        return finish(demo, start, home)
+        return finish(demo, start, home, sim)
 
     print("3/5 hidden states of the tiny target, per corpus shard", flush=True)
     for shard in sorted(instance.get_dynamic_partitions(CORPUS_SHARDS.name)):
         if shard.startswith("train-"):
             demo.materialize([HIDDEN_STATES_KEY], f"hidden_states/{shard}", partition=shard)
     if demo.failed or args.stop_after == "hidden_states":
-        return finish(demo, start, home)
+        return finish(demo, start, home, sim)
 
     print("4/5 EAGLE-3 draft training (Dagster Pipes subprocess)", flush=True)
     demo.materialize([DRAFT_KEY], "draft_model", config={"draft_model": {"config": TINY_TARGET_TRAIN_CONFIG}})
     if demo.failed or args.stop_after == "draft":
-        return finish(demo, start, home)
+        return finish(demo, start, home, sim)
 
     print("5/5 acceptance length on held-out prompts (speculative decoding against the target)", flush=True)
     if demo.materialize(
@@ -117,18 +166,41 @@ def main(argv: list[str] | None = None) -> int:
             f"{md['per_position_accept_rate'].value}"
         )
         print(f"  exported draft: {latest_export_dir()}/export (SGLang), {latest_export_dir()}/export-vllm (vLLM)")
-    return finish(demo, start, home)
+    return finish(demo, start, home, sim)
 
 
-def finish(demo: Demo, start: float, home) -> int:
+class SimulatorOwnership:
+    """Whether this demo started the embedded simulator, so that it stops exactly that one at the end."""
+
+    def __init__(self, openrouter, keep: bool) -> None:
+        from resources.simulator.embedded import is_up
+
+        self.base_url = openrouter.base_url
+        self.embedded = bool(openrouter.start_embedded_simulator)
+        self.was_up = self.embedded and is_up(self.base_url)
+        self.keep = keep
+
+    def close(self) -> None:
+        if not self.embedded:
+            return
+        from resources.simulator.embedded import is_up, pid_file, stop_embedded_simulator
+
+        if self.was_up:
+            print(f"OpenRouter simulator at {self.base_url} was already running before this demo; left as it was")
+        elif self.keep and is_up(self.base_url):
+            print(f"OpenRouter simulator kept serving at {self.base_url} (pid file {pid_file()})")
+        else:
+            pid = stop_embedded_simulator()
+            if pid is not None:
+                print(f"stopped the OpenRouter simulator this demo started (pid {pid}); --keep-simulator keeps it")
+
+
+def finish(demo: Demo, start: float, home, sim: SimulatorOwnership) -> int:
+    if demo.systemic:
+        print("\nstopped early: the failure above would repeat for every partition; fix its cause and rerun")
     print(f"\nfinished in {time.monotonic() - start:.1f}s; {len(demo.failed)} failed {demo.failed or ''}")
     print(f"outputs under {settings.forge_home()}: generated/, tokenized/, corpus/, hidden_states/, draft/")
-    from resources.simulator.embedded import is_up
-
-    openrouter = demo.resources["openrouter"]
-    base_url = openrouter.base_url
-    if openrouter.start_embedded_simulator and is_up(base_url):
-        print(f"OpenRouter simulator still serving at {base_url}; `pkill -f resources.simulator` stops it")
+    sim.close()
     print(f"Dagster UI: DAGSTER_HOME={home} .venv/bin/dagster dev -w workspace.yaml → http://127.0.0.1:3000")
     return 1 if demo.failed else 0
 
