@@ -61,7 +61,11 @@ class OpenRouterResource(ConfigurableResource):
     min_in_flight: int = 4
     budget_usd: float = Field(100.0, description="Hard dollar budget across all runs (persisted ledger)")
     ledger_path: str = Field("", description="Ledger SQLite file; default $EAGLE_FORGE_HOME/state/ledger.sqlite")
-    tokenizer_path: str = Field("", description="Kimi tokenizer dir for prompt-cost estimates")
+    tokenizer_path: str = Field(
+        "",
+        description="Kimi tokenizer for prompt-cost estimates: a folder, a Hub repo id (moonshotai/Kimi-K2.5) or"
+        " 'bundled'; empty = $EAGLE_FORGE_TOKENIZER, else the copy inside the package",
+    )
     request_timeout_s: float = 600.0
     max_attempts: int = Field(10, description="Failed attempts (5xx, timeouts, torn bodies...) allowed per prompt")
     max_congestion_waits: int = Field(200, description="429/in-flight-402/503 waits per prompt (pacing, not failure)")
