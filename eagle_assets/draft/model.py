@@ -35,6 +35,9 @@ from eagle_assets.draft.vocab import DraftVocab
 
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
+# Both engines' LlamaForCausalLMEagle3 hard-code fc as Linear(3 * target_hidden_size -> hidden_size).
+N_AUX_LAYERS = 3
+
 
 @dataclass(frozen=True)
 class Eagle3Config:
@@ -65,8 +68,19 @@ class Eagle3Config:
             raise ValueError("RoPE needs an even head_dim")
         if not 0 < self.draft_vocab_size <= self.target_vocab_size:
             raise ValueError("draft_vocab_size must be in [1, target_vocab_size]")
-        if not self.aux_layer_ids:
-            raise ValueError("at least one aux layer is needed")
+        if len(self.aux_layer_ids) != N_AUX_LAYERS:
+            raise ValueError(
+                f"EAGLE-3 takes exactly {N_AUX_LAYERS} auxiliary target layers (low, middle, high), got "
+                f"{len(self.aux_layer_ids)}: {list(self.aux_layer_ids)}. SGLang's and vLLM's LlamaForCausalLMEagle3 "
+                f"build fc with {N_AUX_LAYERS} x target_hidden_size inputs, so any other count exports a draft "
+                "that fails to load (fc shape mismatch)"
+            )
+        if self.target_hidden_size != self.hidden_size and not self.save_embeddings:
+            raise ValueError(
+                f"target_hidden_size {self.target_hidden_size} != hidden_size {self.hidden_size}: the draft's "
+                "embedding cannot be the target's, and SGLang does not share it in that case, so it must be "
+                "exported: set save_embeddings=True"
+            )
 
     @property
     def aux_width(self) -> int:
@@ -90,30 +104,55 @@ class Eagle3Config:
         aux_layer_ids: tuple[int, ...] | None = None,
         **overrides: Any,
     ) -> Eagle3Config:
-        """Mirror the target's attention geometry (what the reference drafts do); HF config in."""
-        cfg = getattr(target_config, "text_config", None) or target_config
-        n_layers = int(cfg.num_hidden_layers)
-        heads = int(cfg.num_attention_heads)
-        head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
-        rope = getattr(cfg, "rope_parameters", None) or {}
-        theta = float(getattr(cfg, "rope_theta", None) or rope.get("rope_theta", 10_000.0))
+        """Size the draft from the target's config (an HF config object or a parsed ``config.json``).
+
+        Width, MLP size, head counts, vocabulary, norm epsilon, RoPE base and context follow the target,
+        as the reference drafts do. A vision-language wrapper (Kimi K2.5) is read through its ``text_config``.
+
+        Multi-head latent attention targets (DeepSeek-V3, Kimi K2 / K2.5: ``q_lora_rank``, ``kv_lora_rank``,
+        ``qk_nope_head_dim``/``qk_rope_head_dim``/``v_head_dim``) have no plain ``head_dim``; transformers'
+        ``DeepseekV3Config.head_dim`` is the RoPE sub-dimension (64), which would give a Kimi draft
+        q_proj [4096, 14336]. The published Kimi-K2 EAGLE-3 drafts (SpecForge ``configs/kimi-k2-eagle3.json``,
+        AQ-MedAI/Kimi-K2-Instruct-eagle3) use 64 heads x 128 (``v_head_dim``, = ``qk_nope_head_dim``), 64 KV
+        heads, MLP 18432: q/k/v_proj [8192, 14336], o_proj [7168, 8192]. So an MLA target's head width is
+        its ``v_head_dim``.
+        """
+        cfg = _field(target_config, "text_config") or target_config
+        n_layers = int(_field(cfg, "num_hidden_layers"))
+        hidden = int(_field(cfg, "hidden_size"))
+        heads = int(_field(cfg, "num_attention_heads"))
+        head_dim = int(_field(cfg, "v_head_dim") if _is_mla(cfg) else _field(cfg, "head_dim") or hidden // heads)
+        rope = _field(cfg, "rope_parameters") or {}
+        theta = float(_field(cfg, "rope_theta") or rope.get("rope_theta") or 10_000.0)
         values: dict[str, Any] = {
-            "hidden_size": int(cfg.hidden_size),
-            "intermediate_size": int(cfg.intermediate_size),
+            "hidden_size": hidden,
+            "intermediate_size": int(_field(cfg, "intermediate_size")),
             "num_heads": heads,
-            "num_kv_heads": int(getattr(cfg, "num_key_value_heads", None) or heads),
+            "num_kv_heads": int(_field(cfg, "num_key_value_heads") or heads),
             "head_dim": head_dim,
-            "target_vocab_size": int(cfg.vocab_size),
+            "target_vocab_size": int(_field(cfg, "vocab_size")),
             "draft_vocab_size": draft_vocab_size,
             "aux_layer_ids": aux_layer_ids or (2, n_layers // 2, n_layers - 3),
-            "target_hidden_size": int(cfg.hidden_size),
-            "rms_norm_eps": float(getattr(cfg, "rms_norm_eps", 1e-6)),
+            "target_hidden_size": hidden,
+            "rms_norm_eps": float(_field(cfg, "rms_norm_eps") or 1e-6),
             "rope_theta": theta,
-            "max_position": int(getattr(cfg, "max_position_embeddings", 4096)),
+            "max_position": int(_field(cfg, "max_position_embeddings") or 4096),
             "target_num_layers": n_layers,
         }
         values.update(overrides)
         return cls(**values)
+
+
+def _field(cfg: Any, name: str) -> Any:
+    """``cfg[name]`` for a parsed config.json, ``cfg.name`` for an HF config object; None when absent."""
+    if isinstance(cfg, Mapping):
+        return cfg.get(name)
+    return getattr(cfg, name, None)
+
+
+def _is_mla(cfg: Any) -> bool:
+    """DeepSeek-V2/V3-style multi-head latent attention (Kimi K2 / K2.5 included)."""
+    return _field(cfg, "kv_lora_rank") is not None and _field(cfg, "v_head_dim") is not None
 
 
 class RMSNorm(nn.Module):
@@ -220,9 +259,13 @@ class Eagle3Draft(nn.Module):
         self.midlayer = Eagle3DecoderLayer(config)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
-        vocab = DraftVocab.identity(config.draft_vocab_size, config.target_vocab_size)
-        self.register_buffer("d2t", vocab.d2t)
-        self.register_buffer("t2d", vocab.t2d)
+        # The id maps are checked element by element, so they are built on the CPU even under a ``meta``
+        # default device (a Kimi-sized draft is shape-checked there without allocating its 5 GB).
+        with torch.device("cpu"):
+            vocab = DraftVocab.identity(config.draft_vocab_size, config.target_vocab_size)
+            d2t, t2d = vocab.d2t, vocab.t2d
+        self.register_buffer("d2t", d2t.to(self.fc.weight.device))
+        self.register_buffer("t2d", t2d.to(self.fc.weight.device))
         self._init_weights(init_std)
         if embed_weight is not None:
             self.load_embeddings(embed_weight)
