@@ -94,6 +94,20 @@ def latest_export_dir() -> Path:
     return settings.forge_home() / "draft" / "latest"
 
 
+def publish_export(export: Path, latest: Path) -> None:
+    """``latest/export`` := a copy of the run's export, plus ``latest/export-vllm`` as a relative symlink to it.
+
+    One folder serves both engines (``eagle_assets/draft/export.py``); the alias only keeps the path of the
+    former vLLM-only folder working. Built beside ``latest`` and swapped in, so a reader sees a whole export.
+    """
+    tmp = latest.with_name(".latest.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(export, tmp / "export")
+    (tmp / "export-vllm").symlink_to("export", target_is_directory=True)
+    shutil.rmtree(latest, ignore_errors=True)
+    tmp.rename(latest)
+
+
 def train_run_config(
     config: DraftTrainConfig, model_dir: Path, keys: list[str], layers: list[int], out: Path
 ) -> dict[str, object]:
@@ -125,7 +139,7 @@ def train_run_config(
             "seed": config.seed,
         },
         "output_dir": str(out),
-        "export": {"engine": "sglang", "dtype": "bfloat16"},
+        "export": {"dtype": "bfloat16"},
         "log_every": config.log_every,
     }
 
@@ -146,7 +160,7 @@ def training_command(config_path: Path, nproc: int) -> list[str]:
     op_tags=DRAFT_TAGS,
     kinds={"pytorch", "safetensors"},
     description="The EAGLE-3 draft trained on the train split's hidden states (Pipes subprocess, torchrun for "
-    "several GPUs), exported for SGLang (export/) and vLLM (export-vllm/).",
+    "several GPUs), exported as one folder (export/) that SGLang and vLLM both load.",
 )
 def draft_model(
     context: dg.AssetExecutionContext,
@@ -182,19 +196,13 @@ def draft_model(
         command=training_command(out / "run.json", nproc), context=context, cwd=str(settings.REPO_ROOT)
     )
     latest = latest_export_dir()
-    tmp = latest.with_name(".latest.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(out / "export", tmp / "export")
-    shutil.copytree(out / "export-vllm", tmp / "export-vllm")
-    shutil.rmtree(latest, ignore_errors=True)
-    tmp.rename(latest)
+    publish_export(out / "export", latest)
     result = completed.get_materialize_result()
     return dg.MaterializeResult(
         metadata={
             **(result.metadata or {}),
             "run_dir": dg.MetadataValue.path(str(out)),
-            "sglang_export": dg.MetadataValue.path(str(latest / "export")),
-            "vllm_export": dg.MetadataValue.path(str(latest / "export-vllm")),
+            "export": dg.MetadataValue.path(str(latest / "export")),
             "train_samples": dg.MetadataValue.int(len(store)),
             "train_tokens": dg.MetadataValue.int(store.n_tokens),
             "hidden_state_shards": dg.MetadataValue.json(shards),

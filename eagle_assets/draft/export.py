@@ -1,26 +1,41 @@
-"""Export a trained draft as an SGLang / vLLM ``LlamaForCausalLMEagle3`` folder, and load it back.
+"""Export a trained draft as one ``LlamaForCausalLMEagle3`` folder that SGLang and vLLM both load, and load it back.
 
-Layout written (atomically: built in a sibling temporary folder, then renamed)::
+Layout written (atomically: built in a sibling temporary folder, then renamed; folder 0755, files 0644 so
+that a server running as another user can read them)::
 
     <out>/config.json          architectures ["LlamaForCausalLMEagle3"], model_type "llama", geometry,
-                               vocab_size (target), draft_vocab_size, target_hidden_size,
-                               eagle_config {eagle_aux_hidden_state_layer_ids, use_aux_hidden_state},
-                               tie_word_embeddings false, torch_dtype, plus an "eagle_forge" block
+                               vocab_size (target), draft_vocab_size, target_hidden_size, tie_word_embeddings
+                               false, torch_dtype, rope_theta *and* rope_parameters, the aux layer ids in
+                               both engines' spellings (below), plus an "eagle_forge" block
     <out>/model.safetensors    fc.weight, midlayer.*, norm.weight, lm_head.weight (torch_dtype),
-                               d2t (int64), t2d (bool), embed_tokens.weight only if configured
+                               d2t (int64), t2d (bool), embed_tokens.weight when the draft's embedding
+                               is not the target's (``Eagle3Config.save_embeddings``)
 
-Aux layer ids: the model keeps HF ``output_hidden_states`` indices. SGLang adds 1 to explicit ids
-(it captures the input of layer id+1), vLLM uses them as given, so the ids written into
-``eagle_config`` depend on ``engine``: ``"sglang"`` writes ``hf - 1``, ``"vllm"`` writes ``hf`` (and
-also the top-level ``eagle_aux_hidden_state_layer_ids`` vLLM looks for first). The ``eagle_forge``
-block records every spelling and which one was written, so ``load_draft`` never has to guess and a
-folder can be rewritten for the other engine with ``write_config(folder, model.config, engine=...)``.
-For Kimi K2/K2.5 (61 layers, HF [2, 30, 58]): SGLang ids [1, 29, 57], vLLM ids [2, 30, 58].
+Aux layer ids: the model keeps HF ``output_hidden_states`` indices (index i = input of decoder layer i).
+The engines read different keys with different meanings, so both are written and each engine reads only
+its own:
 
-Without ``embed_tokens.weight`` in the folder both engines share the target's embedding (the draft's
-is the target's, frozen), which is why it is left out by default (2.3 GB for Kimi in bf16).
+- SGLang reads only ``eagle_config.eagle_aux_hidden_state_layer_ids`` and adds 1 (it captures the input of
+  layer id+1): written as ``hf - 1``.
+- vLLM reads the top-level ``eagle_aux_hidden_state_layer_ids`` first and uses it as given (some versions
+  fall back to ``eagle_config``'s, which the top-level key shadows): written as ``hf``.
 
-Serving (chain drafting, 3 steps / 4 draft tokens as in the public Kimi numbers)::
+For Kimi K2/K2.5 (61 layers, HF [2, 30, 58]): ``eagle_config`` [1, 29, 57], top level [2, 30, 58]; both
+engines then capture the inputs of layers 2, 30 and 58, the features the draft was trained on. The
+``eagle_forge`` block records the HF indices, so ``load_draft`` never has to guess.
+
+RoPE: transformers 5's ``LlamaConfig`` keeps the base inside ``rope_parameters``; loaders built on
+transformers 4 (and vLLM/SGLang code paths reading ``config.rope_theta``) read the top-level key, which
+would otherwise default to 10000. Both carry the draft's base (Kimi: 50000).
+
+Embedding: without ``embed_tokens.weight`` both engines use the target's embedding (the draft's is the
+target's, frozen: 2.3 GB for Kimi in bf16 saved). A draft trained with its own or random embeddings
+exports it; vLLM then keeps it (it shares the target's only when the draft has none or an identical one).
+SGLang replaces the draft's embedding with the target's whenever ``target_hidden_size == hidden_size`` and
+keeps the draft's only when they differ; a draft whose widths differ must therefore carry its embedding,
+which ``Eagle3Config`` enforces.
+
+Serving (chain drafting, 3 steps / 4 draft tokens as in the public Kimi numbers), the same folder for both::
 
     # SGLang
     python -m sglang.launch_server --model-path <target> --trust-remote-code --tp 8 \\
@@ -51,10 +66,14 @@ ARCHITECTURE = "LlamaForCausalLMEagle3"
 ENGINES = ("sglang", "vllm")
 CONVENTION = "hf_output_hidden_states_index"
 WEIGHTS = "model.safetensors"
+FORMAT_VERSION = 2
+FILE_MODE = 0o644
+DIR_MODE = 0o755
 _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
 
 def engine_layer_ids(hf_indices: tuple[int, ...], engine: str) -> list[int]:
+    """The ids an engine must read to capture the HF ``output_hidden_states`` indices ``hf_indices``."""
     if engine == "sglang":
         return [i - 1 for i in hf_indices]
     if engine == "vllm":
@@ -63,6 +82,7 @@ def engine_layer_ids(hf_indices: tuple[int, ...], engine: str) -> list[int]:
 
 
 def hf_layer_ids(ids: list[int], engine: str) -> tuple[int, ...]:
+    """Inverse of ``engine_layer_ids``: what an engine captures for the ids it read."""
     if engine == "sglang":
         return tuple(i + 1 for i in ids)
     if engine == "vllm":
@@ -70,11 +90,9 @@ def hf_layer_ids(ids: list[int], engine: str) -> tuple[int, ...]:
     raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
 
 
-def export_config(
-    config: Eagle3Config, *, dtype: torch.dtype = torch.bfloat16, engine: str = "sglang"
-) -> dict[str, Any]:
-    ids = engine_layer_ids(config.aux_layer_ids, engine)
-    d: dict[str, Any] = {
+def export_config(config: Eagle3Config, *, dtype: torch.dtype = torch.bfloat16) -> dict[str, Any]:
+    """The one ``config.json`` both engines read (see the module docstring for each key's reader)."""
+    return {
         "architectures": [ARCHITECTURE],
         "model_type": "llama",
         "hidden_size": config.hidden_size,
@@ -86,6 +104,7 @@ def export_config(
         "hidden_act": "silu",
         "rms_norm_eps": config.rms_norm_eps,
         "rope_theta": config.rope_theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta},
         "rope_scaling": None,
         "max_position_embeddings": config.max_position,
         "vocab_size": config.target_vocab_size,
@@ -95,27 +114,29 @@ def export_config(
         "mlp_bias": False,
         "tie_word_embeddings": False,
         "torch_dtype": _DTYPE_NAMES[dtype],
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True},
+        "eagle_config": {
+            "eagle_aux_hidden_state_layer_ids": engine_layer_ids(config.aux_layer_ids, "sglang"),
+            "use_aux_hidden_state": True,
+        },
+        "eagle_aux_hidden_state_layer_ids": engine_layer_ids(config.aux_layer_ids, "vllm"),
         "eagle_forge": {
-            "format_version": 1,
-            "written_for": engine,
+            "format_version": FORMAT_VERSION,
             "aux_layers": {
                 "convention": CONVENTION,
                 "hf_indices": list(config.aux_layer_ids),
-                "sglang_eagle_aux_hidden_state_layer_ids": engine_layer_ids(config.aux_layer_ids, "sglang"),
-                "vllm_eagle_aux_hidden_state_layer_ids": engine_layer_ids(config.aux_layer_ids, "vllm"),
+                "sglang_reads": "eagle_config.eagle_aux_hidden_state_layer_ids (+1)",
+                "vllm_reads": "eagle_aux_hidden_state_layer_ids (as given)",
             },
             "target_num_hidden_layers": config.target_num_layers or None,
             "embed_tokens_included": config.save_embeddings,
         },
     }
-    if engine == "vllm":
-        d["eagle_aux_hidden_state_layer_ids"] = ids
-    return d
 
 
-def write_config(folder: str | Path, config: Eagle3Config, *, dtype: torch.dtype, engine: str) -> None:
-    (Path(folder) / "config.json").write_text(json.dumps(export_config(config, dtype=dtype, engine=engine), indent=2))
+def write_config(folder: str | Path, config: Eagle3Config, *, dtype: torch.dtype) -> None:
+    path = Path(folder) / "config.json"
+    path.write_text(json.dumps(export_config(config, dtype=dtype), indent=2))
+    path.chmod(FILE_MODE)
 
 
 def _export_tensors(model: Eagle3Draft, dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -129,12 +150,16 @@ def _export_tensors(model: Eagle3Draft, dtype: torch.dtype) -> dict[str, torch.T
         else:
             t = t.to(dtype)
         out[name] = t.contiguous()
+    c = model.config
+    if c.target_hidden_size != c.hidden_size and "embed_tokens.weight" not in out:
+        raise ValueError(
+            f"refusing to export: target_hidden_size {c.target_hidden_size} != hidden_size {c.hidden_size} and "
+            "no embed_tokens.weight (SGLang would serve an uninitialised embedding)"
+        )
     return out
 
 
-def export_draft(
-    model: Eagle3Draft, out_dir: str | Path, *, dtype: torch.dtype = torch.bfloat16, engine: str = "sglang"
-) -> Path:
+def export_draft(model: Eagle3Draft, out_dir: str | Path, *, dtype: torch.dtype = torch.bfloat16) -> Path:
     """Write ``config.json`` + ``model.safetensors``; replaces an existing folder only once the new one is complete."""
     from safetensors.torch import save_file
 
@@ -144,10 +169,12 @@ def export_draft(
     tmp.mkdir()
     try:
         save_file(_export_tensors(model, dtype), str(tmp / WEIGHTS), metadata={"format": "pt"})
-        write_config(tmp, model.config, dtype=dtype, engine=engine)
+        write_config(tmp, model.config, dtype=dtype)
         for f in tmp.iterdir():
+            f.chmod(FILE_MODE)
             with f.open("rb") as h:
                 os.fsync(h.fileno())
+        tmp.chmod(DIR_MODE)
         if out.exists():
             stale = out.parent / f".{out.name}.stale-{uuid.uuid4().hex[:8]}"
             os.rename(out, stale)
@@ -158,19 +185,32 @@ def export_draft(
     return out
 
 
-def config_from_export(d: dict[str, Any], engine: str | None = None) -> Eagle3Config:
-    """Rebuild ``Eagle3Config``; HF layer indices from the ``eagle_forge`` block, else from ``engine``'s spelling."""
+def _aux_hf_indices(d: dict[str, Any], engine: str | None) -> tuple[int, ...]:
+    """HF indices from the ``eagle_forge`` block, else from a foreign config in ``engine``'s spelling."""
     forge = d.get("eagle_forge", {})
     if "aux_layers" in forge:
-        hf = tuple(forge["aux_layers"]["hf_indices"])
-    else:
-        ids = d.get("eagle_aux_hidden_state_layer_ids") or d.get("eagle_config", {}).get(
-            "eagle_aux_hidden_state_layer_ids"
+        return tuple(forge["aux_layers"]["hf_indices"])
+    top = d.get("eagle_aux_hidden_state_layer_ids")
+    nested = (d.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    if engine == "sglang" and nested:
+        return hf_layer_ids(list(nested), "sglang")
+    if engine == "vllm" and (top or nested):
+        return hf_layer_ids(list(top or nested), "vllm")
+    if engine is None and top:
+        return hf_layer_ids(list(top), "vllm")  # only vLLM reads the top-level key
+    if engine is None and nested:
+        raise ValueError(
+            "config.json names its aux layers only in eagle_config, which SGLang reads +1 and some vLLM versions "
+            "as given: pass engine='sglang' or engine='vllm' to say which spelling it is"
         )
-        if ids is None:
-            raise KeyError("config.json names no aux layers (eagle_config.eagle_aux_hidden_state_layer_ids)")
-        hf = hf_layer_ids(list(ids), engine or "vllm")
+    raise KeyError("config.json names no aux layers (eagle_config.eagle_aux_hidden_state_layer_ids)")
+
+
+def config_from_export(d: dict[str, Any], engine: str | None = None) -> Eagle3Config:
+    """Rebuild ``Eagle3Config`` from an exported (or foreign) ``config.json``."""
+    forge = d.get("eagle_forge", {})
     heads = int(d["num_attention_heads"])
+    rope = d.get("rope_parameters") or {}
     return Eagle3Config(
         hidden_size=int(d["hidden_size"]),
         intermediate_size=int(d["intermediate_size"]),
@@ -179,10 +219,10 @@ def config_from_export(d: dict[str, Any], engine: str | None = None) -> Eagle3Co
         head_dim=int(d.get("head_dim") or int(d["hidden_size"]) // heads),
         target_vocab_size=int(d["vocab_size"]),
         draft_vocab_size=int(d.get("draft_vocab_size") or d["vocab_size"]),
-        aux_layer_ids=hf,
+        aux_layer_ids=_aux_hf_indices(d, engine),
         target_hidden_size=int(d.get("target_hidden_size") or d["hidden_size"]),
         rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
-        rope_theta=float(d.get("rope_theta", 10_000.0)),
+        rope_theta=float(d.get("rope_theta") or rope.get("rope_theta") or 10_000.0),
         max_position=int(d.get("max_position_embeddings", 4096)),
         target_num_layers=int(forge.get("target_num_hidden_layers") or 0),
         save_embeddings=bool(forge.get("embed_tokens_included", False)),

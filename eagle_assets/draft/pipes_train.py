@@ -74,29 +74,6 @@ def training_metadata(history: Sequence[dict[str, Any]], export_dir: Path) -> di
     }
 
 
-def add_vllm_export(out: Path) -> Path | None:
-    """``export-vllm`` beside ``export``: same weights, the config spelled the way vLLM reads aux layer ids."""
-    import shutil
-
-    import torch
-
-    from eagle_assets.draft.export import config_from_export, write_config
-
-    src = out / "export"
-    if not (src / "config.json").is_file():
-        return None
-    dst = out / "export-vllm"
-    tmp = out / ".export-vllm.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(src, tmp)
-    exported = json.loads((src / "config.json").read_text())
-    dtype = getattr(torch, exported["torch_dtype"])
-    write_config(tmp, config_from_export(exported), dtype=dtype, engine="vllm")
-    shutil.rmtree(dst, ignore_errors=True)
-    tmp.rename(dst)
-    return dst
-
-
 def train_and_report(cfg: dict[str, Any]) -> None:
     """Rank 0 inside a Pipes process reports to Dagster; every other case trains as ``train_cli`` does."""
     if du.current().is_main and DAGSTER_PIPES_CONTEXT_ENV_VAR in os.environ:
@@ -104,8 +81,6 @@ def train_and_report(cfg: dict[str, Any]) -> None:
             _train_reporting(cfg, pipes)
         return
     run(cfg)
-    if du.current().is_main and cfg.get("output_dir"):
-        add_vllm_export(Path(cfg["output_dir"]))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -125,8 +100,7 @@ def _train_reporting(cfg: dict[str, Any], pipes: Any) -> None:
 
     run(cfg, on_step=on_step)
     out = Path(cfg["output_dir"])
-    vllm = add_vllm_export(out)
-    pipes.log.info(f"exported {out / 'export'} (SGLang) and {vllm} (vLLM)")
+    pipes.log.info(f"exported {out / 'export'} (one folder for SGLang and vLLM)")
     pipes.report_asset_materialization(metadata=training_metadata(read_history(out / "metrics.jsonl"), out / "export"))
 
 

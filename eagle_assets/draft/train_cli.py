@@ -10,14 +10,14 @@ The config (JSON, or YAML by suffix) names everything a run needs, so the same f
       "draft_vocab_size": 32000,
       "aux_layer_ids": [2, 30, 58],                # HF output_hidden_states indices (with target.path)
       "target": {"path": "/models/kimi", "last_kind": "post_norm"},
-      "embeddings": {"kind": "target" | "synthetic" | "random", "seed": 1},
+      "embeddings": {"kind": "target" | "synthetic" | "random", "seed": 1},   # not the target's: exported
       "vocab": {"kind": "from_data" | "identity" | "file", "path": "...", "force_ids": [163586]},
       "data": {"kind": "store", "path": "/data/hs", "reader": "module:Class", "max_length": 4096}
             | {"kind": "tokens", "path": "rows.jsonl"}          # online: the target computes features
             | {"kind": "synthetic", "n_samples": 64, "length": [12, 24], "seed": 0},
       "train": {...TrainConfig fields...},
       "output_dir": "runs/x",                      # checkpoints/, metrics.jsonl, export/
-      "export": {"engine": "sglang", "dtype": "bfloat16"},
+      "export": {"dtype": "bfloat16"},             # one folder for SGLang and vLLM (see export.py)
       "log_every": 10
     }
 
@@ -33,7 +33,7 @@ import argparse
 import importlib
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -161,6 +161,9 @@ def build(
         raise ValueError("synthetic embeddings need synthetic data")
     if embed is None:
         raise ValueError(f"unknown embeddings kind {kind!r}")
+    if kind != "target" and not config.save_embeddings:
+        # Not the target's matrix: an export without it would be served with the target's, silently.
+        config = replace(config, save_embeddings=True)
 
     torch.manual_seed(int(cfg.get("seed", 0)))
     draft = Eagle3Draft(config, embed.float())
@@ -201,10 +204,7 @@ def run(
     export = cfg.get("export")
     if export and cfg.get("output_dir") and trainer.dist.is_main:
         path = export_draft(
-            trainer.model,
-            Path(cfg["output_dir"]) / "export",
-            dtype=_DTYPES[export.get("dtype", "bfloat16")],
-            engine=export.get("engine", "sglang"),
+            trainer.model, Path(cfg["output_dir"]) / "export", dtype=_DTYPES[export.get("dtype", "bfloat16")]
         )
         print(f"exported {path}", flush=True)
     du.barrier()

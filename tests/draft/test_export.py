@@ -1,11 +1,13 @@
 import json
+import os
+import stat
 
 import pytest
 import torch
 from safetensors import safe_open
 
 from eagle_assets.draft.data import SyntheticDataset, collate
-from eagle_assets.draft.export import export_draft, load_draft, write_config
+from eagle_assets.draft.export import export_draft, load_draft
 from eagle_assets.draft.model import Eagle3Draft
 from eagle_assets.draft.ttt import TTTAttention
 from eagle_assets.draft.vocab import vocab_from_samples
@@ -44,12 +46,14 @@ def test_export_reload_gives_identical_logits(tmp_path):
 
 def test_export_layout_and_config(tmp_path):
     m, data = _model()
-    out = export_draft(m, tmp_path / "draft")  # bf16, SGLang spelling
+    out = export_draft(m, tmp_path / "draft")  # bf16
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["model_type"] == "llama"
     assert cfg["vocab_size"] == 128 and cfg["draft_vocab_size"] == 64 and cfg["target_hidden_size"] == 32
     assert cfg["tie_word_embeddings"] is False and cfg["torch_dtype"] == "bfloat16"
+    # SGLang reads only eagle_config (+1), vLLM the top-level key (as given): both name HF [2, 30, 58]
     assert cfg["eagle_config"] == {"eagle_aux_hidden_state_layer_ids": [1, 29, 57], "use_aux_hidden_state": True}
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == [2, 30, 58]
     assert cfg["eagle_forge"]["aux_layers"]["hf_indices"] == [2, 30, 58]
     for key in (
         "hidden_size",
@@ -76,19 +80,43 @@ def test_export_layout_and_config(tmp_path):
     assert hf.draft_vocab_size == 64 and hf.eagle_config["use_aux_hidden_state"] is True
 
 
-def test_vllm_spelling_and_rewrite(tmp_path):
+def test_foreign_configs_are_read_in_the_named_spelling(tmp_path):
     m, data = _model()
-    out = export_draft(m, tmp_path / "draft", dtype=torch.float32, engine="vllm")
+    out = export_draft(m, tmp_path / "draft", dtype=torch.float32)
     cfg = json.loads((out / "config.json").read_text())
-    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 30, 58]
-    assert cfg["eagle_aux_hidden_state_layer_ids"] == [2, 30, 58]
-    write_config(out, m.config, dtype=torch.float32, engine="sglang")
-    assert load_draft(out, embed_weight=data.embed_weight).config.aux_layer_ids == (2, 30, 58)
-    # a foreign config without the eagle_forge block: the ids are read in the named engine's spelling
-    cfg = json.loads((out / "config.json").read_text())
-    del cfg["eagle_forge"]
+    del cfg["eagle_forge"]  # as written by another tool: the ids alone say which layers
     (out / "config.json").write_text(json.dumps(cfg))
+    assert load_draft(out, embed_weight=data.embed_weight).config.aux_layer_ids == (2, 30, 58)  # top-level key
+    del cfg["eagle_aux_hidden_state_layer_ids"]
+    (out / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="pass engine="):
+        load_draft(out, embed_weight=data.embed_weight)
     assert load_draft(out, embed_weight=data.embed_weight, engine="sglang").config.aux_layer_ids == (2, 30, 58)
+    assert load_draft(out, embed_weight=data.embed_weight, engine="vllm").config.aux_layer_ids == (1, 29, 57)
+
+
+def test_files_are_world_readable_whatever_the_umask(tmp_path):
+    m, _ = _model()
+    old = os.umask(0o077)
+    try:
+        out = export_draft(m, tmp_path / "draft")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o755
+    for name in ("config.json", "model.safetensors"):
+        assert stat.S_IMODE((out / name).stat().st_mode) == 0o644
+
+
+def test_rope_base_in_both_spellings(tmp_path):
+    m, _ = _model(rope_theta=50_000.0)
+    out = export_draft(m, tmp_path / "draft")
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["rope_theta"] == cfg["rope_parameters"]["rope_theta"] == 50_000.0
+    from transformers import AutoConfig
+
+    hf = AutoConfig.from_pretrained(out, local_files_only=True)  # transformers 5 keeps it in rope_parameters
+    assert hf.rope_parameters["rope_theta"] == 50_000.0
+    assert load_draft(out, embed_weight=torch.zeros(128, 32)).config.rope_theta == 50_000.0
 
 
 def test_embeddings_saved_only_when_configured(tmp_path):
