@@ -1,6 +1,7 @@
 """Draft training through Dagster Pipes, the acceptance benchmark, and the training sensor, on a real instance."""
 
 import json
+from pathlib import Path
 
 import dagster as dg
 
@@ -20,6 +21,7 @@ from eagle_assets.settings import tokenizer_dir
 from resources.simulator.config import LatencyConfig, SimulatorConfig
 from resources.simulator.control import run_simulator_in_thread
 from sensors.training_sensor import build_training_sensor
+from tests.draft.engine_loaders import check_export
 from tests.generation.test_dagster_generation import write_prompts
 from tests.pipeline.conftest import pipeline_resources
 
@@ -61,10 +63,19 @@ def test_sensor_trains_and_benchmarks_the_draft(tmp_path, forge_home):
         assert len(md["final_acc_per_step"].value) == 3
         logs = [e.message for e in instance.all_logs(r.run_id) if e.message]
         assert any("step 4: loss" in m for m in logs)  # streamed from the subprocess while it trained
-        for engine, ids in (("export", [1, 2, 3]), ("export-vllm", [2, 3, 4])):
-            exported = json.loads((latest_export_dir() / engine / "config.json").read_text())
-            assert exported["architectures"] == ["LlamaForCausalLMEagle3"] and exported["draft_vocab_size"] == 512
-            assert exported["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == ids
+        # One folder for both engines (export-vllm is only an alias of it), loaded as each engine loads it:
+        # every tensor maps, and both capture the target layers the draft was trained on.
+        export = latest_export_dir() / "export"
+        assert (latest_export_dir() / "export-vllm").resolve() == export.resolve()
+        exported = json.loads((export / "config.json").read_text())
+        assert exported["architectures"] == ["LlamaForCausalLMEagle3"] and exported["draft_vocab_size"] == 512
+        run_cfg = json.loads((Path(md["run_dir"].value) / "run.json").read_text())
+        target_layers = json.loads((Path(run_cfg["target"]["path"]) / "config.json").read_text())["num_hidden_layers"]
+        trained = tuple(run_cfg["aux_layer_ids"])
+        assert trained == (2, 3, 4)  # the tiny target's 7 layers: the reference default [2, N//2, N-3]
+        checked = check_export(export, trained, target_layers)
+        assert checked.problems == []
+        assert {e: load.captured_hf_layers for e, load in checked.loads.items()} == {"sglang": trained, "vllm": trained}
 
         # Nothing new since the draft: the sensor skips; a refreshed shard makes it train again.
         assert "trained after every current shard" in sensor(ctx).skip_message
