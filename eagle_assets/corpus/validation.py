@@ -181,10 +181,14 @@ def check_unique_prompt_ids(source: ParquetSource, settings: DuckDBSettings = DE
 def check_allowed_providers(
     source: ParquetSource, allowed: Collection[str], settings: DuckDBSettings = DEFAULT_SETTINGS
 ) -> CheckOutcome:
-    """Samples must come from the target served as intended; another provider may serve another quantization."""
-    allowed = sorted(a for a in allowed if a is not None)  # a null provider is never allowed
+    """Samples must come from the target served as intended; another provider may serve another quantization.
+
+    Names compare case-insensitively, as the runner compares them: OpenRouter spells a provider one
+    way in /endpoints and may spell it another in a response ("BaseTen", "Baseten").
+    """
+    allowed = sorted({a.lower() for a in allowed if a is not None})  # a null provider is never allowed
     params = {"paths": source_paths(source), "allowed": allowed}
-    bad = "(provider IS NULL OR NOT list_contains($allowed, provider))"
+    bad = "(provider IS NULL OR NOT list_contains($allowed, lower(provider)))"
     with duckdb_connection(settings) as con:
         counts = _query(con, "SELECT provider, count(*) AS n FROM {src} GROUP BY provider ORDER BY provider", params)
         examples = _query(
@@ -193,7 +197,11 @@ def check_allowed_providers(
             {**params, "k": settings.max_examples},
         )
     allowed_set = set(allowed)
-    n_bad = sum(c["n"] for c in counts if c["provider"] not in allowed_set)
+
+    def disallowed(name: str | None) -> bool:
+        return name is None or name.lower() not in allowed_set
+
+    n_bad = sum(c["n"] for c in counts if disallowed(c["provider"]))
     metadata: dict[str, MetadataValue] = {
         "rows": sum(c["n"] for c in counts),
         "disallowed_rows": n_bad,
@@ -201,7 +209,7 @@ def check_allowed_providers(
     }
     metadata.update({f"provider.{c['provider']}": c["n"] for c in counts})
     passed = n_bad == 0
-    bad_names = sorted(str(c["provider"]) for c in counts if c["provider"] not in allowed_set)
+    bad_names = sorted(str(c["provider"]) for c in counts if disallowed(c["provider"]))
     summary = "all providers allowed" if passed else f"{n_bad} rows from disallowed providers: {', '.join(bad_names)}"
     return CheckOutcome("allowed_providers", passed, summary, metadata, [] if passed else examples)
 

@@ -4,8 +4,16 @@ Why aiohttp and not httpx's own pool: at 2000 requests in flight httpx's pool is
 ms of CPU per request on 2 cores), while aiohttp's connector costs about a millisecond
 (``benchmarks/bench_transport.py`` measures both). The client never raises for what the server
 answers: it returns a ``RawResponse`` and ``outcomes.classify`` decides what it means.
+
+No real OpenRouter response carries a generation-id header, so the client keeps what it takes to
+find the id: the bytes read so far when a body is cut off (real bodies begin with
+``{"id":"gen-…"``), and the first chunk of a stream. With ``"stream": true`` in the payload the
+answer is read as SSE and reassembled (``sse.py``); a stream that sends no data event for
+``idle_timeout_s`` (no bytes at all, or only ``: OPENROUTER PROCESSING`` comments) is abandoned as
+``stalled``.
 """
 
+import asyncio
 import time
 from types import TracebackType
 from typing import Any
@@ -15,8 +23,16 @@ import orjson
 
 from resources.openrouter.outcomes import RawResponse
 from resources.openrouter.secret import ApiKey
+from resources.openrouter.sse import SSEAssembler
 
-_KEPT_HEADERS = ("retry-after", "x-ratelimit-reset", "x-generation-id")
+_KEPT_HEADERS = ("retry-after", "x-ratelimit-reset")
+_TRANSPORT_ERRORS = (
+    aiohttp.ClientPayloadError,
+    aiohttp.ServerDisconnectedError,
+    aiohttp.ClientOSError,
+    aiohttp.ClientConnectionError,
+    ConnectionError,
+)
 
 
 class OpenRouterHTTPError(RuntimeError):
@@ -42,6 +58,7 @@ class OpenRouterClient:
         self._key = api_key
         self._max_connections = max_connections
         self._timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_connect=connect_timeout_s)
+        self._stream_timeouts: dict[float, aiohttp.ClientTimeout] = {}
         self._headers = {"X-Title": app_title, "Content-Type": "application/json"}
         self._session: aiohttp.ClientSession | None = None
 
@@ -70,23 +87,75 @@ class OpenRouterClient:
             raise RuntimeError("OpenRouterClient used outside 'async with'")
         return self._session
 
-    async def chat_completion(self, payload: dict[str, Any]) -> RawResponse:
+    async def chat_completion(self, payload: dict[str, Any], *, idle_timeout_s: float | None = None) -> RawResponse:
+        """One attempt. ``payload["stream"]`` selects SSE; ``idle_timeout_s`` bounds the gap between data events."""
+        if payload.get("stream"):
+            return await self._stream(payload, idle_timeout_s or self._timeout.total or 600.0)
         start = time.monotonic()
+        parts: list[bytes] = []
         try:
             async with self.session.post(f"{self.base_url}/chat/completions", data=orjson.dumps(payload)) as resp:
-                body = await resp.read()
+                content = resp.content
+                while chunk := await content.readany():
+                    parts.append(chunk)
                 headers = {k: resp.headers[k] for k in _KEPT_HEADERS if k in resp.headers}
-                return RawResponse(resp.status, body, headers, None, time.monotonic() - start)
+                return RawResponse(resp.status, b"".join(parts), headers, None, time.monotonic() - start)
         except TimeoutError:
-            return RawResponse(None, None, {}, "timeout", time.monotonic() - start)
-        except (
-            aiohttp.ClientPayloadError,
-            aiohttp.ServerDisconnectedError,
-            aiohttp.ClientOSError,
-            aiohttp.ClientConnectionError,
-            ConnectionError,
-        ):
-            return RawResponse(None, None, {}, "connection", time.monotonic() - start)
+            return RawResponse(None, b"".join(parts) or None, {}, "timeout", time.monotonic() - start)
+        except _TRANSPORT_ERRORS:
+            return RawResponse(None, b"".join(parts) or None, {}, "connection", time.monotonic() - start)
+
+    def _stream_timeout(self, idle_timeout_s: float) -> aiohttp.ClientTimeout:
+        hit = self._stream_timeouts.get(idle_timeout_s)
+        if hit is None:
+            # sock_read: no byte at all for this long (the data-event check below covers comment-only gaps).
+            hit = aiohttp.ClientTimeout(
+                total=self._timeout.total, sock_connect=self._timeout.sock_connect, sock_read=idle_timeout_s
+            )
+            self._stream_timeouts[idle_timeout_s] = hit
+        return hit
+
+    async def _stream(self, payload: dict[str, Any], idle_timeout_s: float) -> RawResponse:
+        start = time.monotonic()
+        asm: SSEAssembler | None = None
+        headers: dict[str, str] = {}
+        try:
+            async with self.session.post(
+                f"{self.base_url}/chat/completions",
+                data=orjson.dumps(payload),
+                timeout=self._stream_timeout(idle_timeout_s),
+            ) as resp:
+                headers = {k: resp.headers[k] for k in _KEPT_HEADERS if k in resp.headers}
+                if resp.status != 200 or resp.content_type != "text/event-stream":
+                    body = await resp.read()  # an error (or a plain JSON answer) comes whole, as without stream
+                    return RawResponse(resp.status, body, headers, None, time.monotonic() - start)
+                asm = SSEAssembler()
+                content = resp.content
+                loop = asyncio.get_running_loop()
+                last_data = loop.time()
+                while chunk := await content.readany():
+                    if asm.feed(chunk):
+                        last_data = loop.time()
+                    elif loop.time() - last_data > idle_timeout_s:
+                        return RawResponse(
+                            200, None, headers, "stalled", time.monotonic() - start, generation_id=asm.generation_id
+                        )
+            done = asm.finish()
+            if not done.complete or done.body is None:
+                return RawResponse(
+                    200, None, headers, "connection", time.monotonic() - start, generation_id=done.generation_id
+                )
+            return RawResponse(
+                200, None, headers, None, time.monotonic() - start, parsed=done.body, generation_id=done.generation_id
+            )
+        except TimeoutError:
+            kind = "timeout" if asm is None else "stalled"
+            return RawResponse(
+                None, None, headers, kind, time.monotonic() - start, generation_id=asm and asm.generation_id
+            )
+        except _TRANSPORT_ERRORS:
+            gen_id = asm.generation_id if asm is not None else None
+            return RawResponse(None, None, headers, "connection", time.monotonic() - start, generation_id=gen_id)
 
     async def _get_json(self, what: str, path: str, params: dict[str, str] | None = None) -> dict[str, Any]:
         try:
@@ -101,6 +170,10 @@ class OpenRouterClient:
     async def key_info(self) -> dict[str, Any]:
         """``/key``: ``limit``, ``limit_remaining`` and ``usage`` in USD (``limit`` None = unlimited)."""
         return (await self._get_json("GET /key", "/key")).get("data") or {}
+
+    async def credits(self) -> dict[str, Any]:
+        """``/credits``: ``total_credits`` and ``total_usage`` (USD); a normal key gets 403 (management keys only)."""
+        return (await self._get_json("GET /credits", "/credits")).get("data") or {}
 
     async def endpoints(self, model: str) -> dict[str, Any]:
         return await self._get_json("GET endpoints", f"/models/{model}/endpoints")

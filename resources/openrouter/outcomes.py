@@ -1,11 +1,24 @@
 """Turn whatever came back from a chat-completion request into one classified outcome.
 
 OpenRouter reports many failures with HTTP 200 (an ``error`` body, or ``finish_reason: "error"``)
-and pads bodies with whitespace, so the status code alone decides little. Classification is a pure
-function of the raw answer, which keeps every rule testable without a network.
+and pads bodies with whitespace, so the status code alone decides little; one status also covers
+several causes that call for opposite actions:
+
+- 403 is a moderation flag on this prompt (skip it), a guardrail blocking this prompt's content
+  (skip it), an exhausted key or workspace budget (stop the run, resumable, like exhausted
+  credits: the data is still wanted), or a key without permission (the whole run is misconfigured);
+- 400 is a malformed prompt (skip it) or an unknown model id (fatal: every prompt would fail);
+- 404 is a model that does not exist or routing that leaves no provider (both fatal).
+
+A ``retryable`` flag in the error (``error.retryable``, ``error.metadata.retryable`` or
+``error.availability.retryable``, wherever OpenRouter puts it) overrides the status: true makes a
+skip or stop a retry, false makes a retry fatal (retrying is futile, skipping would lose data
+silently; a stopped run is resumable). Classification is a pure function of the raw answer, which
+keeps every rule testable without a network (``tests/fixtures/openrouter`` holds the bodies).
 """
 
 import enum
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,20 +29,28 @@ import orjson
 class Action(enum.Enum):
     SUCCESS = "success"  # keep the data
     RETRY = "retry"  # transient: back off and try again
-    SKIP = "skip"  # this prompt can never succeed (400/403): record and move on
-    STOP_CREDITS = "stop_credits"  # credits exhausted: stop admitting, keep everything
-    FATAL = "fatal"  # the whole run is misconfigured (bad key, unknown model)
+    SKIP = "skip"  # this prompt can never succeed (bad request, moderation): record and move on
+    STOP_CREDITS = "stop_credits"  # credits or a key/workspace budget exhausted: stop admitting, keep everything
+    FATAL = "fatal"  # the whole run is misconfigured (bad key, unknown model, no allowed provider)
 
 
 @dataclass(frozen=True)
 class RawResponse:
-    """What the transport saw: a status and body, or the exception class that ended the attempt."""
+    """What the transport saw: a status and body, or the exception class that ended the attempt.
+
+    ``body`` may be a torn prefix when ``transport_error`` is set (a dropped connection or a timeout
+    mid-body). A streamed answer arrives already assembled in ``parsed`` (the non-streaming shape).
+    ``generation_id`` is the ``gen-…`` id when the transport saw it (a stream's first chunk);
+    ``generation_id_of`` also finds it at the start of a body.
+    """
 
     status: int | None
     body: bytes | None
     headers: dict[str, str] = field(default_factory=dict)
-    transport_error: str | None = None  # "timeout" | "connection" | other short name
+    transport_error: str | None = None  # "timeout" | "connection" | "stalled" | other short name
     latency_s: float = 0.0
+    parsed: dict[str, Any] | None = None
+    generation_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -42,13 +63,42 @@ class Outcome:
     cost_usd: float = 0.0  # billed even when the data is not kept
 
 
-def _retry_after(headers: dict[str, str], now: float | None = None) -> float | None:
-    value = headers.get("retry-after")
-    if value:
+# --- generation ids ----------------------------------------------------------------------------
+# Real bodies start with ``{"id":"gen-…"`` (after optional whitespace padding), so the id is in the
+# first bytes even of a body torn halfway; a stream carries it in every chunk, the first included.
+_GEN_ID = re.compile(rb'"id"\s*:\s*"(gen-[A-Za-z0-9_\-]{1,120})"')
+_PREFIX_BYTES = 4096
+
+
+def generation_id_from_prefix(data: bytes | None) -> str | None:
+    """The ``gen-…`` id near the start of a (possibly torn) body or SSE stream, else None."""
+    if not data:
+        return None
+    m = _GEN_ID.search(data, 0, _PREFIX_BYTES)
+    return m.group(1).decode() if m else None
+
+
+def generation_id_of(raw: RawResponse) -> str | None:
+    """Where the generation id of an attempt can be found: the stream's first chunk or the body's start."""
+    if raw.generation_id:
+        return raw.generation_id
+    if raw.parsed is not None and isinstance(raw.parsed.get("id"), str) and raw.parsed["id"].startswith("gen-"):
+        return raw.parsed["id"]
+    return generation_id_from_prefix(raw.body)
+
+
+# --- helpers -----------------------------------------------------------------------------------
+def _retry_after(headers: dict[str, str], meta: dict[str, Any], now: float | None = None) -> float | None:
+    candidates: list[Any] = [headers.get("retry-after")]
+    meta_headers = meta.get("headers") if isinstance(meta.get("headers"), dict) else {}
+    candidates += [meta.get("retry_after_seconds"), meta_headers.get("Retry-After"), meta_headers.get("retry-after")]
+    for value in candidates:
+        if value is None or value == "":
+            continue
         try:
             return max(0.0, float(value))
-        except ValueError:
-            pass
+        except (TypeError, ValueError):
+            continue
     reset = headers.get("x-ratelimit-reset")
     if reset:
         try:
@@ -58,24 +108,39 @@ def _retry_after(headers: dict[str, str], now: float | None = None) -> float | N
     return None
 
 
-def _error_fields(body: dict[str, Any]) -> tuple[int | None, str, dict[str, Any]]:
+@dataclass(frozen=True)
+class _ErrorFields:
+    code: int | None
+    message: str
+    meta: dict[str, Any]
+    retryable: bool | None
+
+
+def _error_fields(body: dict[str, Any]) -> _ErrorFields:
     err = body.get("error")
     if not isinstance(err, dict):
-        return None, str(err), {}
-    code = err.get("code")
+        return _ErrorFields(None, "" if err is None else str(err)[:300], {}, None)
+    raw_code = err.get("code")
     try:
-        code = int(code) if code is not None else None
+        code = int(raw_code) if raw_code is not None else None
     except (TypeError, ValueError):
         code = None
     meta = err.get("metadata") if isinstance(err.get("metadata"), dict) else {}
-    return code, str(err.get("message", ""))[:300], meta
+    availability = err.get("availability") if isinstance(err.get("availability"), dict) else {}
+    meta_availability = meta.get("availability") if isinstance(meta.get("availability"), dict) else {}
+    retryable = None
+    for holder in (err, meta, availability, meta_availability):
+        if isinstance(holder.get("retryable"), bool):
+            retryable = holder["retryable"]
+            break
+    return _ErrorFields(code, str(err.get("message", ""))[:300], meta, retryable)
 
 
 def _usage_cost(body: dict[str, Any]) -> float:
     usage = body.get("usage") or {}
     try:
         return float(usage.get("cost") or 0.0)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, AttributeError):
         return 0.0
 
 
@@ -91,22 +156,68 @@ _TRANSIENT_STATUS = {
     529: "server_error",
 }
 
+# "Key limit exceeded (total limit)", "Budget limit exceeded (monthly limit). Contact your org admin.",
+# "Workspace budget exceeded", "spending limit reached": a cap on money, not on this prompt.
+_BUDGET = re.compile(r"\b(budget|key limit|spend(?:ing)? limit|credit limit)\b.*\b(exceeded|reached|exhausted)\b", re.I)
+_UNKNOWN_MODEL = re.compile(
+    r"not a valid model|model[^.]{0,80}\b(not found|does not exist|unknown)\b|no such model", re.I
+)
+_NO_ROUTE = re.compile(r"no allowed providers|no endpoints found|no available (model )?provider", re.I)
+_PERMISSION = re.compile(
+    r"permission|not allowed|not permitted|management key|forbidden|access denied|not authori[sz]ed", re.I
+)
+_CONTENT_BLOCK = re.compile(r"guardrail|blocked|injection|jailbreak|sensitive|pii\b", re.I)
+
+
+def _forbidden(e: _ErrorFields) -> Outcome:
+    """403: budget (stop, resumable), moderation or a content guardrail (skip), permission (fatal)."""
+    text = e.message
+    if _BUDGET.search(text):
+        return Outcome(Action.STOP_CREDITS, "budget_exceeded", text or "key or workspace budget exceeded (403)")
+    if "reasons" in e.meta or "flagged_input" in e.meta or re.search(r"flagged|moderation", text, re.I):
+        return Outcome(Action.SKIP, "moderation", text)
+    if _CONTENT_BLOCK.search(text) and not _PERMISSION.search(text):
+        return Outcome(Action.SKIP, "guardrail_blocked", text)
+    # Missing permissions, or a 403 nobody has described: every prompt would get it, and skipping
+    # them all would end the partition "completed" with nothing bought. Stop and let a person look.
+    return Outcome(Action.FATAL, "forbidden", text or "forbidden (403)")
+
 
 def classify_status(status: int, code_body: dict[str, Any] | None, headers: dict[str, str]) -> Outcome:
     """Classify an error status (HTTP status, or the ``code`` inside a 200 error body)."""
-    _code, message, meta = _error_fields(code_body or {})
-    retry_after = _retry_after(headers)
+    e = _error_fields(code_body or {})
+    out = _classify_status(status, e, headers)
+    if e.retryable is True and out.action in (Action.SKIP, Action.FATAL, Action.STOP_CREDITS):
+        return Outcome(Action.RETRY, out.error_class, out.message, _retry_after(headers, e.meta))
+    if e.retryable is False and out.action is Action.RETRY and out.error_class != "in_flight_budget":
+        return Outcome(Action.FATAL, out.error_class, f"not retryable: {out.message or out.error_class}")
+    return out
+
+
+def _classify_status(status: int, e: _ErrorFields, headers: dict[str, str]) -> Outcome:
+    message = e.message
+    retry_after = _retry_after(headers, e.meta)
     if status == 402:
-        if meta.get("limit_source") == "openrouter_in_flight_budget":
+        if e.meta.get("limit_source") == "openrouter_in_flight_budget":
             return Outcome(Action.RETRY, "in_flight_budget", message, retry_after or 1.0)
-        return Outcome(Action.STOP_CREDITS, "credits_exhausted", message)
+        return Outcome(Action.STOP_CREDITS, "credits_exhausted", message or "insufficient credits (402)")
     if status == 401:
         return Outcome(Action.FATAL, "unauthorized", "the API key was rejected (401)")
-    if status == 400:
-        return Outcome(Action.SKIP, "bad_request", message)
     if status == 403:
-        return Outcome(Action.SKIP, "moderation", message)
+        return _forbidden(e)
+    if status == 400:
+        if _UNKNOWN_MODEL.search(message):
+            return Outcome(Action.FATAL, "unknown_model", message)
+        return Outcome(Action.SKIP, "bad_request", message)
     if status == 404:
+        if _NO_ROUTE.search(message):
+            return Outcome(
+                Action.FATAL,
+                "no_allowed_provider",
+                f"{message} (the provider policy and routing leave no endpoint: see the endpoint table)",
+            )
+        if _UNKNOWN_MODEL.search(message):
+            return Outcome(Action.FATAL, "unknown_model", message)
         return Outcome(Action.FATAL, "not_found", message or "endpoint or model not found (404)")
     if status in _TRANSIENT_STATUS:
         return Outcome(Action.RETRY, _TRANSIENT_STATUS[status], message, retry_after)
@@ -115,23 +226,29 @@ def classify_status(status: int, code_body: dict[str, Any] | None, headers: dict
     return Outcome(Action.SKIP, f"http_{status}", message)
 
 
+def _parse(raw: RawResponse) -> Any:
+    if raw.parsed is not None:
+        return raw.parsed
+    if not raw.body:
+        return None
+    try:
+        return orjson.loads(raw.body.strip())
+    except orjson.JSONDecodeError:
+        return None
+
+
 def classify(raw: RawResponse) -> Outcome:
     if raw.transport_error is not None:
         return Outcome(Action.RETRY, raw.transport_error, "")
     assert raw.status is not None
-    body: Any = None
-    if raw.body:
-        try:
-            body = orjson.loads(raw.body.strip())
-        except orjson.JSONDecodeError:
-            body = None
+    body = _parse(raw)
     if raw.status != 200:
         return classify_status(raw.status, body if isinstance(body, dict) else None, raw.headers)
     if not isinstance(body, dict):
         return Outcome(Action.RETRY, "malformed", "unparseable or truncated JSON body")
     if "error" in body and not body.get("choices"):
-        code, _, _ = _error_fields(body)
-        inner = classify_status(code or 502, body, raw.headers)
+        e = _error_fields(body)
+        inner = classify_status(e.code or 502, body, raw.headers)
         generic = inner.error_class in ("server_error", "no_provider", "timeout")
         return Outcome(
             inner.action,
@@ -144,9 +261,10 @@ def classify(raw: RawResponse) -> Outcome:
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         return Outcome(Action.RETRY, "malformed", "no choices in body")
     choice = choices[0]
-    if choice.get("finish_reason") == "error":
-        err = choice.get("error") if isinstance(choice.get("error"), dict) else {}
-        return Outcome(Action.RETRY, "finish_error", str(err.get("message", ""))[:300], cost_usd=_usage_cost(body))
+    if choice.get("finish_reason") == "error" or (isinstance(body.get("error"), dict) and not choice.get("message")):
+        err = choice.get("error") if isinstance(choice.get("error"), dict) else body.get("error")
+        message = str(err.get("message", ""))[:300] if isinstance(err, dict) else ""
+        return Outcome(Action.RETRY, "finish_error", message, cost_usd=_usage_cost(body))
     if not isinstance(choice.get("message"), dict):
         return Outcome(Action.RETRY, "malformed", "choice without message")
     return Outcome(Action.SUCCESS, "ok", data=body, cost_usd=_usage_cost(body))

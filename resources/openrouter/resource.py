@@ -21,6 +21,7 @@ from eagle_assets.generation.ledger import BudgetLedger
 from eagle_assets.generation.retry_policy import RetryPolicy
 from eagle_assets.generation.runner import GenerationSettings, PartitionJob, PartitionReport, PartitionRunner
 from eagle_assets.tokenization.kimi_tokenizer import load_kimi_tokenizer
+from resources.openrouter.account import read_account_cap
 from resources.openrouter.client import OpenRouterClient
 from resources.openrouter.providers import (
     DEFAULT_IGNORED,
@@ -32,6 +33,8 @@ from resources.openrouter.providers import (
 from resources.openrouter.secret import ApiKey, load_api_key
 
 LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
+# Request fields that are not model parameters: require_parameters never asks an endpoint for them.
+_NOT_PARAMETERS = frozenset({"usage", "transforms", "models", "route", "user", "stream", "provider", "plugins"})
 SIMULATOR_KEY = "sk-or-simulator"
 
 
@@ -57,6 +60,20 @@ class OpenRouterResource(ConfigurableResource):
     quantizations: list[str] = Field(default_factory=lambda: list(DEFAULT_QUANTIZATIONS))
     ignore_providers: list[str] = Field(default_factory=lambda: list(DEFAULT_IGNORED))
     sort: str | None = "price"
+    require_parameters: bool = Field(
+        True, description="Route only to endpoints that support every sent parameter (temperature, top_p, tools...)"
+    )
+    trust_unknown_quantization: list[str] = Field(
+        default_factory=list,
+        description="Provider slugs whose endpoints may serve although /endpoints gives their quantization as"
+        " unknown or null (rejected by default: nobody can say what weights they run)",
+    )
+    stream: bool = Field(
+        False,
+        description="Stream responses (SSE): the generation id arrives with the first chunk and stalls are"
+        " caught by stream_idle_timeout_s",
+    )
+    stream_idle_timeout_s: float = Field(60.0, description="Abandon a stream with no data event for this long")
     max_in_flight: int = Field(2000, description="Upper bound of concurrent requests (AIMD adapts below it)")
     min_in_flight: int = 4
     budget_usd: float = Field(100.0, description="Hard dollar budget across all runs (persisted ledger)")
@@ -90,7 +107,13 @@ class OpenRouterResource(ConfigurableResource):
             raise
 
     def policy(self) -> ProviderPolicy:
-        return ProviderPolicy(tuple(self.quantizations), tuple(self.ignore_providers), self.sort)
+        return ProviderPolicy(
+            tuple(self.quantizations),
+            tuple(self.ignore_providers),
+            self.sort,
+            self.require_parameters,
+            tuple(self.trust_unknown_quantization),
+        )
 
     def generation_settings(self) -> GenerationSettings:
         sampling: dict[str, Any] = {
@@ -112,6 +135,8 @@ class OpenRouterResource(ConfigurableResource):
             ),
             key_poll_interval_s=self.key_poll_interval_s,
             progress_interval_s=self.progress_interval_s,
+            stream=self.stream,
+            stream_idle_timeout_s=self.stream_idle_timeout_s,
         )
 
     def ledger_file(self) -> Path:
@@ -125,8 +150,19 @@ class OpenRouterResource(ConfigurableResource):
             request_timeout_s=self.request_timeout_s,
         )
 
-    async def provider_table(self, client: OpenRouterClient, log: logging.Logger | Any) -> ProviderTable:
-        table = ProviderTable(parse_endpoints(await client.endpoints(self.model)), self.policy())
+    def requested_parameters(self, with_tools: bool) -> tuple[str, ...]:
+        """The parameters every request sends, which require_parameters makes endpoints support."""
+        names = {"max_tokens", *(k for k in self.generation_settings().sampling if k not in _NOT_PARAMETERS)}
+        if with_tools:
+            names.add("tools")
+        return tuple(sorted(names))
+
+    async def provider_table(
+        self, client: OpenRouterClient, log: logging.Logger | Any, with_tools: bool = False
+    ) -> ProviderTable:
+        table = ProviderTable(
+            parse_endpoints(await client.endpoints(self.model)), self.policy(), self.requested_parameters(with_tools)
+        )
         log.info(f"endpoints of {self.model}:\n{table.render()}")
         table.require_allowed()
         return table
@@ -137,7 +173,8 @@ class OpenRouterResource(ConfigurableResource):
         self.api_key()
 
     def available_usd(self) -> float:
-        """Dollars that could be spent now: the key's remaining limit, capped by the budget's headroom."""
+        """Dollars that could be spent now: the account cap in force (the key's limit, else the account's
+        credits where /credits answers), capped by the budget's headroom."""
         self.ensure_server()
         ledger = BudgetLedger(self.ledger_file())
         try:
@@ -148,8 +185,8 @@ class OpenRouterResource(ConfigurableResource):
 
         async def remaining() -> float | None:
             async with self.client() as client:
-                value = (await client.key_info()).get("limit_remaining")
-                return None if value is None else float(value)
+                cap, _ = await read_account_cap(client)
+                return cap.remaining_usd
 
         key_remaining = asyncio.run(remaining())
         return headroom if key_remaining is None else min(headroom, key_remaining)
@@ -200,7 +237,7 @@ class OpenRouterResource(ConfigurableResource):
         ledger = BudgetLedger(self.ledger_file())
         try:
             async with self.client() as client:
-                table = await self.provider_table(client, log)
+                table = await self.provider_table(client, log, any(p.tools for p in job.prompts))
                 runner = PartitionRunner(
                     job,
                     client,

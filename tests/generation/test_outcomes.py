@@ -1,9 +1,32 @@
+"""Classification of every answer shape: the recorded-shape corpus in ``tests/fixtures/openrouter``
+(directly, and through the real client over HTTP on 127.0.0.1), streams, retry policy and AIMD."""
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
 import orjson
 import pytest
+from aiohttp import web
 
 from eagle_assets.generation.concurrency import AdaptiveLimiter
 from eagle_assets.generation.retry_policy import RetryPolicy
-from resources.openrouter.outcomes import Action, RawResponse, classify
+from resources.openrouter.account import read_account_cap
+from resources.openrouter.client import OpenRouterClient
+from resources.openrouter.outcomes import (
+    Action,
+    RawResponse,
+    classify,
+    classify_status,
+    generation_id_from_prefix,
+    generation_id_of,
+)
+from resources.openrouter.secret import ApiKey
+from resources.openrouter.sse import SSEAssembler, assemble_sse
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "openrouter"
+CASES = json.loads((FIXTURES / "cases.json").read_text())
 
 OK = {
     "id": "gen-1",
@@ -50,7 +73,12 @@ def raw(status, body=None, headers=None, err=None):
             "credits_exhausted",
         ),
         (raw(400, {"error": {"code": 400, "message": "bad"}}), Action.SKIP, "bad_request"),
-        (raw(403, {"error": {"code": 403}}), Action.SKIP, "moderation"),
+        (
+            raw(403, {"error": {"code": 403, "message": "Input flagged", "metadata": {"reasons": ["x"]}}}),
+            Action.SKIP,
+            "moderation",
+        ),
+        (raw(403, {"error": {"code": 403}}), Action.FATAL, "forbidden"),  # an undescribed 403 is never a silent skip
         (raw(401, {"error": {"code": 401}}), Action.FATAL, "unauthorized"),
     ],
 )
@@ -145,3 +173,192 @@ def test_aimd_ignores_sparse_random_429s_but_halves_under_a_storm():
         lim.on_success(now=t)
     lim.on_success(now=t + 1.01)  # the next answer closes the last storm episode
     assert lim.decreases == 5 and lim.current < 1000 / 16
+
+
+# --- the corpus -----------------------------------------------------------------------------------
+def _check(out, case: dict[str, Any], raw_response: RawResponse) -> None:
+    assert (out.action.value, out.error_class) == (case["action"], case["error_class"]), case["file"]
+    if "retry_after_s" in case:
+        assert out.retry_after_s == case["retry_after_s"]
+    if "generation_id" in case:
+        assert generation_id_of(raw_response) == case["generation_id"]
+    if "cost_usd" in case:
+        assert out.cost_usd == pytest.approx(case["cost_usd"])
+    if out.action is Action.SUCCESS:
+        msg = out.data["choices"][0]["message"]
+        for key in ("reasoning", "content"):
+            if key in case:
+                assert msg.get(key) == case[key]  # leading spaces kept exactly, null stays null
+        if "provider" in case:
+            assert out.data["provider"] == case["provider"]
+        if "finish_reason" in case:
+            assert out.data["choices"][0]["finish_reason"] == case["finish_reason"]
+        if "tool_calls" in case:
+            got = [(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in msg["tool_calls"]]
+            assert got == [tuple(t) for t in case["tool_calls"]]
+
+
+@pytest.mark.parametrize("case", CASES["chat"], ids=[c["file"] for c in CASES["chat"]])
+def test_every_recorded_shape_is_classified(case):
+    response = RawResponse(case["status"], (FIXTURES / case["file"]).read_bytes(), case.get("headers", {}))
+    _check(classify(response), case, response)
+
+
+@pytest.mark.parametrize("case", CASES["stream"], ids=[c["file"] for c in CASES["stream"]])
+def test_every_stream_shape_is_reassembled_and_classified(case):
+    data = (FIXTURES / case["file"]).read_bytes()
+    # Fed in awkward pieces (mid-line, mid-UTF-8), as TCP delivers them.
+    asm = SSEAssembler()
+    saw_data = [asm.feed(data[i : i + 37]) for i in range(0, len(data), 37)]
+    assert any(saw_data)
+    done = asm.finish()
+    assert done == assemble_sse(data) and done.complete is case["complete"]
+    assert done.generation_id == case["generation_id"]
+    if done.complete:
+        response = RawResponse(200, None, {}, parsed=done.body, generation_id=done.generation_id)
+    else:
+        response = RawResponse(None, None, {}, "connection", generation_id=done.generation_id)
+    _check(classify(response), case, response)
+
+
+def test_generation_id_comes_from_the_body_prefix_only():
+    body = (FIXTURES / "chat/ok_reasoning_leading_spaces.json").read_bytes()
+    assert generation_id_from_prefix(body[:60]) == "gen-1773323472-VEr1C0GTbU6Nk6QjBC7x"
+    assert generation_id_from_prefix(body[:20]) is None  # cut before the id is complete
+    assert generation_id_from_prefix(b'{"error":{"code":429}}') is None
+    tool = (FIXTURES / "chat/ok_tool_calls_content_null.json").read_bytes()
+    assert generation_id_from_prefix(tool) == "gen-1773323501-k2TQmUxo0pQfdrZ9aL4e"  # not a tool-call id
+    assert generation_id_of(RawResponse(None, None, {}, "timeout")) is None
+
+
+@pytest.mark.parametrize(
+    ("status", "error", "action", "cls"),
+    [
+        (503, {"code": 503, "message": "busy", "retryable": False}, Action.FATAL, "no_provider"),
+        (502, {"code": 502, "message": "x", "metadata": {"retryable": False}}, Action.FATAL, "server_error"),
+        (503, {"code": 503, "message": "busy", "availability": {"retryable": True}}, Action.RETRY, "no_provider"),
+        (400, {"code": 400, "message": "bad", "metadata": {"retryable": True}}, Action.RETRY, "bad_request"),
+        (
+            403,
+            {"code": 403, "message": "Key limit exceeded (total limit)", "retryable": True},
+            Action.RETRY,
+            "budget_exceeded",
+        ),
+        # The in-flight budget is pacing by definition: never made fatal.
+        (
+            402,
+            {
+                "code": 402,
+                "message": "x",
+                "metadata": {"limit_source": "openrouter_in_flight_budget", "retryable": False},
+            },
+            Action.RETRY,
+            "in_flight_budget",
+        ),
+    ],
+)
+def test_retryable_overrides_the_status(status, error, action, cls):
+    out = classify_status(status, {"error": error}, {})
+    assert (out.action, out.error_class) == (action, cls)
+
+
+# --- the same corpus through the real client over HTTP --------------------------------------------
+def _pieces(data: bytes) -> list[bytes]:
+    parts = data.split(b"\n\n")
+    return [p + b"\n\n" for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
+
+
+async def _replay(request: web.Request) -> web.StreamResponse:
+    """Answer with the fixture the request names: a stream in event-sized writes, a cut stream by
+    aborting the connection, a stall by going quiet (or sending comments only)."""
+    payload = orjson.loads(await request.read())
+    name = payload["fixture"]
+    if name.startswith("stall"):
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        first = (FIXTURES / "stream/ok_reasoning_content.sse").read_bytes().split(b"\n\n")
+        await resp.write(b"\n\n".join(first[:3]) + b"\n\n")  # two comments and the first data chunk
+        for _ in range(40):
+            if name == "stall_comments":
+                await resp.write(b": OPENROUTER PROCESSING\n\n")
+            await asyncio.sleep(0.05)
+        return resp
+    case = next(c for c in CASES["chat"] + CASES["stream"] if c["file"] == name)
+    data = (FIXTURES / name).read_bytes()
+    if not name.endswith(".sse"):
+        ctype = "text/html" if name.endswith(".html") else "application/json"
+        return web.Response(status=case["status"], body=data, content_type=ctype, headers=case.get("headers"))
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    for piece in _pieces(data):
+        await resp.write(piece)
+        await asyncio.sleep(0.001)
+    if not case["complete"]:
+        assert request.transport is not None
+        request.transport.abort()
+        return resp
+    await resp.write_eof()
+    return resp
+
+
+async def _account(request: web.Request) -> web.Response:
+    """/key of an unlimited key, /credits refused to a normal key, /generation known for one id."""
+    name = request.path.rsplit("/", 1)[-1]
+    if name == "key":
+        return web.Response(
+            body=(FIXTURES / "account/key_unlimited.json").read_bytes(), content_type="application/json"
+        )
+    if name == "credits":
+        data = (FIXTURES / "account/credits_403.json").read_bytes()
+        return web.Response(status=403, body=data, content_type="application/json")
+    known = orjson.loads((FIXTURES / "account/generation.json").read_bytes())
+    if request.query.get("id") == known["data"]["id"]:
+        return web.Response(body=(FIXTURES / "account/generation.json").read_bytes(), content_type="application/json")
+    data = (FIXTURES / "account/generation_404.json").read_bytes()
+    return web.Response(status=404, body=data, content_type="application/json")
+
+
+@pytest.fixture
+async def replay_url():
+    app = web.Application()
+    app.router.add_post("/api/v1/chat/completions", _replay)
+    app.router.add_get("/api/v1/key", _account)
+    app.router.add_get("/api/v1/credits", _account)
+    app.router.add_get("/api/v1/generation", _account)
+    runner = web.AppRunner(app, handler_cancellation=True)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    yield f"http://127.0.0.1:{runner.addresses[0][1]}/api/v1"
+    await runner.cleanup()
+
+
+async def test_corpus_through_the_client_over_http(replay_url):
+    async with OpenRouterClient(replay_url, ApiKey("sk-test"), request_timeout_s=10) as client:
+        for case in CASES["chat"] + CASES["stream"]:
+            stream = case["file"].endswith(".sse")
+            got = await client.chat_completion({"fixture": case["file"], "stream": stream}, idle_timeout_s=5)
+            _check(classify(got), case, got)
+            if not stream:
+                assert got.body == (FIXTURES / case["file"]).read_bytes()  # whitespace padding and all
+
+
+@pytest.mark.parametrize("kind", ["stall_silent", "stall_comments"])
+async def test_a_stalled_stream_is_abandoned_with_its_generation_id(replay_url, kind):
+    async with OpenRouterClient(replay_url, ApiKey("sk-test"), request_timeout_s=30) as client:
+        got = await client.chat_completion({"fixture": kind, "stream": True}, idle_timeout_s=0.5)
+    assert got.transport_error == "stalled" and got.latency_s < 3.0
+    assert got.generation_id == "gen-1773323600-Ws4eRt6yUi8oPa0sDf2g"  # from the first chunk
+    assert classify(got).action is Action.RETRY
+
+
+async def test_account_bodies_through_the_client(replay_url):
+    async with OpenRouterClient(replay_url, ApiKey("sk-test")) as client:
+        cap, credits_allowed = await read_account_cap(client)
+        torn = (FIXTURES / "chat/torn_body.json").read_bytes()
+        gen = await client.generation(generation_id_from_prefix(torn) or "")
+        missing = await client.generation("gen-0-unknown")
+    assert cap.remaining_usd is None and cap.source == "none" and credits_allowed is False
+    assert "HTTP 403" in cap.detail
+    # A torn body's prefix names the generation, and /generation prices it exactly.
+    assert gen is not None and gen["total_cost"] == pytest.approx(0.0001589) and missing is None

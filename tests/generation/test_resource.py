@@ -1,11 +1,18 @@
-"""The resource's configuration maps onto the engine's settings field by field."""
+"""The resource's configuration maps onto the engine's settings field by field; the account cap."""
+
+import json
+from pathlib import Path
 
 import pytest
 
 from eagle_assets.generation.retry_policy import RetryPolicy
+from resources.openrouter.account import account_cap
 from resources.openrouter.configured import TargetConfigError, openrouter_from_env
+from resources.openrouter.providers import ProviderPolicy
 from resources.openrouter.resource import SIMULATOR_KEY, OpenRouterResource, is_loopback
 from resources.openrouter.secret import MissingApiKeyError
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "openrouter" / "account"
 
 
 def test_settings_mapping():
@@ -25,12 +32,36 @@ def test_settings_mapping():
     assert s.retry == RetryPolicy(max_attempts=7, max_congestion_waits=50, base_delay_s=0.25, max_delay_s=9.0)
     assert (s.max_tokens, s.budget_usd, s.max_in_flight) == (512, 12.5, 300)
     assert s.sampling == {"temperature": 0.6, "reasoning": {"effort": "high"}}
-    assert res.policy().routing() == {
-        "quantizations": ["int4", "int8", "fp8", "fp16", "bf16", "fp32"],
-        "ignore": ["fireworks", "baseten"],
-        "allow_fallbacks": True,
-        "sort": "price",
-    }
+    assert (s.stream, s.stream_idle_timeout_s) == (False, 60.0)
+    assert res.policy() == ProviderPolicy(
+        ("int4", "int8", "fp8", "fp16", "bf16", "fp32"), ("fireworks", "baseten"), "price", True, ()
+    )
+    assert res.requested_parameters(with_tools=True) == ("max_tokens", "reasoning", "temperature", "tools")
+    streaming = OpenRouterResource(
+        stream=True, stream_idle_timeout_s=5, require_parameters=False, trust_unknown_quantization=["novita"]
+    )
+    assert (streaming.generation_settings().stream, streaming.generation_settings().stream_idle_timeout_s) == (True, 5)
+    assert streaming.policy().require_parameters is False
+    assert streaming.policy().trust_unknown_quantization == ("novita",)
+    with pytest.raises(ValueError, match="stream_idle_timeout_s"):
+        OpenRouterResource(stream_idle_timeout_s=0).preflight()
+
+
+KEY = json.loads((FIXTURES / "key_limited.json").read_text())["data"]
+UNLIMITED = json.loads((FIXTURES / "key_unlimited.json").read_text())["data"]
+CREDITS = json.loads((FIXTURES / "credits.json").read_text())["data"]
+
+
+def test_account_cap_says_which_cap_is_in_force():
+    limited = account_cap(KEY, None)
+    assert (limited.source, limited.remaining_usd) == ("key_limit", 74.5)
+    fallback = account_cap(UNLIMITED, CREDITS)
+    assert fallback.source == "account_credits" and fallback.remaining_usd == pytest.approx(500.0 - 412.87)
+    assert "the key itself is unlimited" in fallback.detail
+    none = account_cap(UNLIMITED, None, "answered HTTP 403 (it needs a management key)")
+    assert none.remaining_usd is None and none.source == "none" and "HTTP 403" in none.detail
+    both = account_cap(KEY, {"total_credits": 80.0, "total_usage": 60.0})
+    assert both.source == "key_limit+account_credits" and both.remaining_usd == pytest.approx(20.0)
 
 
 def test_bad_settings_are_refused_before_spending():
