@@ -23,15 +23,17 @@ from eagle_assets.generation.journal import Journal
 from eagle_assets.generation.ledger import BudgetLedger, Denial, Reservation, Settlement
 from eagle_assets.generation.records import skipped_record, success_record
 from eagle_assets.generation.retry_policy import RetryPolicy
-from resources.openrouter.outcomes import Action, RawResponse, classify
+from resources.openrouter.account import read_account_cap
+from resources.openrouter.outcomes import Action, RawResponse, classify, generation_id_of
 from resources.openrouter.providers import ProviderTable
 
 log = logging.getLogger(__name__)
 
 
 class ChatClient(Protocol):
-    async def chat_completion(self, payload: dict[str, Any]) -> RawResponse: ...
+    async def chat_completion(self, payload: dict[str, Any], *, idle_timeout_s: float | None = None) -> RawResponse: ...
     async def key_info(self) -> dict[str, Any]: ...
+    async def credits(self) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,11 @@ class GenerationSettings:
     # Slow start: open the first max_in_flight requests over this many seconds instead of in one burst,
     # so connection setup and the first wave of responses do not all land at the same instant.
     startup_ramp_s: float = 1.0
+    # Streaming (``stream: true``): the generation id arrives with the first chunk, so an attempt cut
+    # off later is settled exactly from /generation, and a stream that sends no data event for
+    # ``stream_idle_timeout_s`` is abandoned as stalled instead of waiting for the request timeout.
+    stream: bool = False
+    stream_idle_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
         if self.budget_usd < 0:
@@ -59,6 +66,8 @@ class GenerationSettings:
             raise ValueError("max_tokens must be positive")
         if self.max_in_flight < 1:
             raise ValueError("max_in_flight must be positive")
+        if self.stream_idle_timeout_s <= 0:
+            raise ValueError("stream_idle_timeout_s must be positive")
 
 
 @dataclass
@@ -144,7 +153,10 @@ class PartitionRunner:
         self._abort = asyncio.Event()  # credits gone or fatal: abandon retries too
         self._account_remaining: float | None = None
         self._commit_error: Exception | None = None
-        self._routing = providers.policy.routing()  # the same for every request: build it once
+        self._routing = providers.routing()  # the same for every request: build it once
+        self._idle_timeout = settings.stream_idle_timeout_s if settings.stream else None
+        self._cap_source: str | None = None
+        self._credits_allowed = True
         self._spent_at_poll = 0.0
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -163,6 +175,8 @@ class PartitionRunner:
         }
         if prompt.tools:
             body["tools"] = prompt.tools
+        if self.s.stream:
+            body["stream"] = True
         return body
 
     # --- main loop ----------------------------------------------------------------------------
@@ -317,7 +331,7 @@ class PartitionRunner:
             await self.limiter.acquire()
             self.report.peak_in_flight = max(self.report.peak_in_flight, self.limiter.in_flight)
             try:
-                raw = await self.client.chat_completion(payload)
+                raw = await self.client.chat_completion(payload, idle_timeout_s=self._idle_timeout)
             finally:
                 self.limiter.release()
             attempts += 1
@@ -404,14 +418,16 @@ class PartitionRunner:
                 return
             self.ledger.release(res)
             if out.action is Action.STOP_CREDITS:
-                self._stop("credits", f"credits exhausted (402: {out.message or 'insufficient credits'})", abort=True)
+                budget = out.error_class == "budget_exceeded"
+                what = "key or workspace budget exhausted (403" if budget else "credits exhausted (402"
+                self._stop("credits", f"{what}: {out.message or out.error_class})", abort=True)
             else:
                 self._stop("fatal", out.message or out.error_class, abort=True)
             return
 
     async def _charge_uncertain(self, res: Reservation, raw: RawResponse) -> None:
         cost: float | None = None
-        gen_id = raw.headers.get("x-generation-id")
+        gen_id = generation_id_of(raw)  # a torn body's prefix or a stream's first chunk; timeouts have none
         lookup = getattr(self.client, "generation", None)
         if gen_id and lookup is not None:
             for delay in (0.2, 0.5, 1.0, 2.0):
@@ -481,20 +497,22 @@ class PartitionRunner:
     # --- account and progress -----------------------------------------------------------------
     async def _poll_key(self, initial: bool = False) -> None:
         try:
-            info = await self.client.key_info()
+            cap, self._credits_allowed = await read_account_cap(self.client, self._credits_allowed)
         except Exception as exc:  # a failed poll must not stop generation; the ledger still holds
             log.warning("%s: /key poll failed: %s", self.job.key, type(exc).__name__)
             return
-        remaining = info.get("limit_remaining")
-        if remaining is None:
+        if cap.source != self._cap_source:
+            self._cap_source = cap.source
+            self.emit(f"{self.job.key}: account cap in force — {cap.detail}")
+        if cap.remaining_usd is None:
             self._account_remaining = None
             return
-        self._account_remaining = float(remaining)
+        self._account_remaining = cap.remaining_usd
         self._spent_at_poll = self.ledger.totals().usd_spent
         if initial and self._account_remaining <= 0:
             self._stop(
                 "credits",
-                f"the key has no credit left (limit_remaining ${self._account_remaining:.2f})",
+                f"the account has no credit left (${self._account_remaining:.2f}: {cap.detail})",
                 abort=True,
             )
 

@@ -41,6 +41,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state-file", type=Path, default=None, help="JSON file keeping the balance across restarts")
     p.add_argument("--key", action="append", default=None, help="accepted API key (repeatable; default: any)")
     p.add_argument("--key-label", default=_DEFAULTS.key_label)
+    p.add_argument("--unlimited-key", action="store_true", help="/key answers limit and limit_remaining null")
+    p.add_argument(
+        "--management-key", action="append", default=None, help="a key /credits answers (repeatable; others: 403)"
+    )
+    p.add_argument(
+        "--workspace-budget", type=float, default=None, help="USD of usage after which requests get 403 (budget)"
+    )
+    p.add_argument(
+        "--leading-space-rate",
+        type=float,
+        default=_DEFAULTS.leading_space_rate,
+        help="share of prompts whose reasoning and content start with a space",
+    )
     p.add_argument(
         "--tokenizer-dir", default=None, help="folder or Hub repo id (default: $EAGLE_FORGE_TOKENIZER, else bundled)"
     )
@@ -156,6 +169,10 @@ def config_from_namespace(args: argparse.Namespace) -> SimulatorConfig:
         state_file=args.state_file,
         accepted_keys=frozenset(args.key) if args.key else None,
         key_label=args.key_label,
+        unlimited_key=args.unlimited_key,
+        management_keys=frozenset(args.management_key or ()),
+        workspace_budget_usd=args.workspace_budget,
+        leading_space_rate=args.leading_space_rate,
         tokenizer_dir=tokenizer_dir(args.tokenizer_dir),
         providers=_providers(args.providers_json),
         latency=latency,

@@ -28,21 +28,38 @@ def per_token_string(usd_per_million: float) -> str:
 
 @dataclass(frozen=True)
 class ProviderEndpoint:
-    """One endpoint of the model as ``/endpoints`` lists it; prices in USD per million tokens."""
+    """One endpoint of the model as ``/endpoints`` lists it; prices in USD per million tokens.
+
+    A provider may list several endpoints under one display name (``deepinfra/fp8`` and
+    ``deepinfra/fp4``, ``fireworks`` and ``fireworks/fast``): responses name only ``name``, routing
+    can tell them apart by ``tag``.
+    """
 
     name: str  # display name, what responses put in ``provider``
     slug: str  # lower-case provider slug, what ``ignore``/``only`` name
-    quantization: str
+    quantization: str | None  # None: /endpoints says null
     prompt_usd_per_m: float
     completion_usd_per_m: float
     context_length: int = 262_144
     max_completion_tokens: int = 262_144
-    status: int = 0
+    status: int = 0  # 0 serving; negative: degraded or down (never routed to)
     uptime_last_30m: float = 99.5
+    endpoint_tag: str = ""  # "" = ``slug/quantization`` (or the bare slug when the quantization is null)
+    supported_parameters: tuple[str, ...] | None = None  # None = SUPPORTED_PARAMETERS
+
+    def __post_init__(self) -> None:
+        if self.supported_parameters is not None and not isinstance(self.supported_parameters, tuple):
+            object.__setattr__(self, "supported_parameters", tuple(self.supported_parameters))  # from JSON lists
 
     @property
     def tag(self) -> str:
-        return f"{self.slug}/{self.quantization}"
+        if self.endpoint_tag:
+            return self.endpoint_tag
+        return f"{self.slug}/{self.quantization}" if self.quantization else self.slug
+
+    @property
+    def parameters(self) -> tuple[str, ...]:
+        return SUPPORTED_PARAMETERS if self.supported_parameters is None else self.supported_parameters
 
     @property
     def prompt_price(self) -> float:
@@ -55,14 +72,44 @@ class ProviderEndpoint:
         return self.completion_usd_per_m / 1e6
 
 
+SUPPORTED_PARAMETERS: tuple[str, ...] = (
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "tools",
+    "tool_choice",
+    "reasoning",
+    "include_reasoning",
+    "stop",
+    "response_format",
+    "structured_outputs",
+    "seed",
+)
+
+# Shaped like the real listing of moonshotai/kimi-k2.5: display names as OpenRouter spells them
+# ("BaseTen"), one provider with an allowed and a disallowed endpoint (DeepInfra fp8/fp4), bare tags
+# (``fireworks``, ``fireworks/fast``), a null and an "unknown" quantization, an endpoint that is down
+# (status -5, and the cheapest: it must never be priced or routed to) and one that lacks ``top_p``.
 DEFAULT_PROVIDERS: tuple[ProviderEndpoint, ...] = (
     ProviderEndpoint("Moonshot AI", "moonshotai", "int4", 0.60, 2.50),
     ProviderEndpoint("Chutes", "chutes", "int4", 0.45, 2.00),
-    ProviderEndpoint("SiliconFlow", "siliconflow", "int4", 0.50, 2.20),
+    ProviderEndpoint(
+        "SiliconFlow",
+        "siliconflow",
+        "int4",
+        0.50,
+        2.20,
+        supported_parameters=tuple(p for p in SUPPORTED_PARAMETERS if p != "top_p"),
+    ),
     ProviderEndpoint("Parasail", "parasail", "int4", 0.55, 2.80),
-    ProviderEndpoint("Fireworks", "fireworks", "fp4", 0.40, 1.80),
-    ProviderEndpoint("Baseten", "baseten", "fp4", 0.42, 1.90),
+    ProviderEndpoint("DeepInfra", "deepinfra", "fp8", 0.50, 2.40),
     ProviderEndpoint("DeepInfra", "deepinfra", "fp4", 0.40, 1.90),
+    ProviderEndpoint("Fireworks", "fireworks", "fp4", 0.40, 1.80, endpoint_tag="fireworks"),
+    ProviderEndpoint("Fireworks", "fireworks", "fp4", 0.60, 2.40, endpoint_tag="fireworks/fast"),
+    ProviderEndpoint("BaseTen", "baseten", "fp4", 0.42, 1.90),
+    ProviderEndpoint("Novita", "novita", None, 0.38, 1.70),
+    ProviderEndpoint("AtlasCloud", "atlas-cloud", "unknown", 0.44, 2.10),
+    ProviderEndpoint("Together", "together", "fp8", 0.30, 1.50, status=-5, uptime_last_30m=0.0),
 )
 
 
@@ -115,6 +162,14 @@ class SimulatorConfig:
     credits: float = 100.0  # the account's initial limit in USD, unless the state file has one
     state_file: Path | None = None
     accepted_keys: frozenset[str] | None = None  # None = any non-empty key
+    # An unlimited key: /key says limit and limit_remaining null (the account's credits still run out: 402).
+    unlimited_key: bool = False
+    management_keys: frozenset[str] = frozenset()  # keys /credits answers; any other key gets 403, as on OpenRouter
+    # A workspace/guardrail budget in USD: once usage reaches it, requests get 403 "Budget limit exceeded".
+    workspace_budget_usd: float | None = None
+    # Share of prompts whose reasoning and content start with a space, as some Kimi providers send them
+    # (not applied to a model-backed generator, whose text is the model's own output).
+    leading_space_rate: float = 0.25
     key_label: str = "sk-or-v1-sim...sim"
     tokenizer_dir: Path = field(default_factory=tokenizer_dir)
     model_slug: str = MODEL_SLUG
@@ -145,3 +200,5 @@ class SimulatorConfig:
             raise ValueError("at least one provider endpoint is needed")
         if self.tiny_target_max_batch < 1:
             raise ValueError("tiny_target_max_batch must be >= 1")
+        if not 0.0 <= self.leading_space_rate <= 1.0:
+            raise ValueError("leading_space_rate must be in [0, 1]")

@@ -78,6 +78,9 @@ class SimulatorHandle:
     def topup(self, amount_usd: float) -> None:
         self.call(lambda: self.state.topup(amount_usd))
 
+    def set_workspace_budget(self, amount_usd: float | None) -> None:
+        self.call(lambda: self.state.set_workspace_budget(amount_usd))
+
     def stats(self, generations_limit: int | None = None) -> dict[str, Any]:
         return self.call(lambda: self.state.snapshot(generations_limit))
 
@@ -145,6 +148,12 @@ def config_to_args(config: SimulatorConfig) -> list[str]:
         args += ["--state-file", str(config.state_file)]
     for key in sorted(config.accepted_keys or ()):
         args += ["--key", key]
+    for key in sorted(config.management_keys):
+        args += ["--management-key", key]
+    if config.unlimited_key:
+        args.append("--unlimited-key")
+    if config.workspace_budget_usd is not None:
+        args += ["--workspace-budget", repr(config.workspace_budget_usd)]
     simple = [
         ("key_label", "--key-label"),
         ("tokenizer_dir", "--tokenizer-dir"),
@@ -157,6 +166,7 @@ def config_to_args(config: SimulatorConfig) -> list[str]:
         ("state_flush_interval_s", "--state-flush-interval"),
         ("tiny_target_dir", "--tiny-target"),
         ("tiny_target_max_batch", "--tiny-target-max-batch"),
+        ("leading_space_rate", "--leading-space-rate"),
     ]
     for name, flag in simple:
         value = getattr(config, name)
@@ -219,6 +229,9 @@ class SimulatorProcess:
 
     def topup(self, amount_usd: float) -> None:
         _http_json(f"{self.root_url}/_sim/topup", {"amount": amount_usd})
+
+    def set_workspace_budget(self, amount_usd: float | None) -> None:
+        _http_json(f"{self.root_url}/_sim/budget", {"amount": amount_usd})
 
     def set_faults(self, faults: FaultConfig | Mapping[str, Any]) -> None:
         body = faults.to_dict() if isinstance(faults, FaultConfig) else dict(faults)

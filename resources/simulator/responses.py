@@ -152,7 +152,8 @@ class PreparedResponse:
         reasoning = None if self.exclude_reasoning else self.reasoning
         msg: dict[str, Any] = {
             "role": "assistant",
-            "content": self.content,
+            # OpenRouter sends null, not "", next to tool calls when the model wrote no text.
+            "content": self.content if (self.content or not self.tool_calls) else None,
             "refusal": None,
             "reasoning": reasoning,
             "reasoning_details": [_reasoning_detail(reasoning)] if reasoning else [],

@@ -2,7 +2,12 @@
 
 It exists to exercise the generation engine against everything the real service does to a
 client (429 storms, 200-with-error bodies, padded or truncated JSON, dropped connections, billing
-of abandoned requests, routing that ignores preferences) without spending money. It has to stay
+of abandoned requests, routing that ignores preferences) without spending money. It answers in
+the real shapes (``tests/fixtures/openrouter`` holds them): no generation-id header (the id is the
+body's first field and every stream chunk's), 404 when routing leaves no endpoint, 403 once a
+workspace budget is spent, unlimited keys whose /key limit is null (and /credits for management
+keys only), ``content: null`` beside tool calls, leading spaces in reasoning and content, and
+streams whose usage comes in a last chunk with ``choices: []``. It has to stay
 cheap enough per request that 2000 requests in flight on a 2-core machine measure the client, not
 the simulator: responses are prepared once per prompt and cached, JSON goes through orjson and
 nothing is logged per request.
@@ -11,6 +16,7 @@ nothing is logged per request.
 import asyncio
 import concurrent.futures
 import contextlib
+import hashlib
 import itertools
 import json
 import os
@@ -54,6 +60,7 @@ _PROCESSING = b": OPENROUTER PROCESSING\n\n"
 _DONE = b"data: [DONE]\n\n"
 _MARKER = re.compile(r"\[\[sim:([A-Za-z0-9_=]+)\]\]")
 _FP4_FAMILY = frozenset({"fp4", "mxfp4", "nvfp4"})
+_SPACE_DRAW = 1 << 32
 STATE_VERSION = 1
 
 
@@ -183,6 +190,7 @@ class SimulatorState:
         self.picker = FaultPicker(config.faults, config.seed)
         self.latency_rng = random.Random(config.seed * 104729 + 3)
         self.bucket: TokenBucket | None = None
+        self.workspace_budget: float | None = config.workspace_budget_usd
         self.faults = config.faults
         self.set_faults(config.faults)
         self._dirty = False
@@ -206,17 +214,27 @@ class SimulatorState:
 
     def key_data(self) -> dict[str, Any]:
         a = self.account
+        unlimited = self.config.unlimited_key
         return {
             "label": self.config.key_label,
-            "limit": a.limit,
-            "limit_remaining": a.remaining,
-            "usage": a.usage,
-            "is_free_tier": False,
-            "is_provisioning_key": False,
+            "limit": None if unlimited else a.limit,
+            "limit_remaining": None if unlimited else a.remaining,
             "limit_reset": None,
+            "usage": a.usage,
+            "usage_daily": a.usage,
+            "usage_weekly": a.usage,
+            "usage_monthly": a.usage,
+            "byok_usage": 0,
+            "is_free_tier": False,
+            "is_management_key": False,
+            "is_provisioning_key": False,
             "include_byok_in_limit": False,
-            "rate_limit": {"requests": -1, "interval": "10s"},
+            "rate_limit": {"requests": -1, "interval": "10s", "note": "This field is deprecated and safe to ignore."},
         }
+
+    def set_workspace_budget(self, amount_usd: float | None) -> None:
+        """Raise (or lift, with None) the workspace budget that answers 403 once usage reaches it."""
+        self.workspace_budget = amount_usd
 
     # -- billing ----------------------------------------------------------------------------
     def record_generation(
@@ -352,7 +370,7 @@ def _matches(ep: ProviderEndpoint, names: set[str]) -> bool:
 
 
 def _quant_ok(ep: ProviderEndpoint, wanted: set[str]) -> bool:
-    q = ep.quantization.lower()
+    q = (ep.quantization or "unknown").lower()
     return q in wanted or (q in _FP4_FAMILY and "fp4" in wanted)
 
 
@@ -363,11 +381,48 @@ def _price_limit(value: Any) -> float | None:
         return None
 
 
-def route(providers: tuple[ProviderEndpoint, ...], prefs: Any) -> list[ProviderEndpoint]:
-    """Endpoints allowed by a request's ``provider`` object, best first (empty = 503)."""
+# Request fields that are model parameters: with ``require_parameters`` an endpoint must list each one sent.
+REQUEST_PARAMETERS = frozenset(
+    {
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "tools",
+        "tool_choice",
+        "reasoning",
+        "include_reasoning",
+        "stop",
+        "response_format",
+        "structured_outputs",
+        "seed",
+        "frequency_penalty",
+        "presence_penalty",
+        "repetition_penalty",
+        "min_p",
+        "logprobs",
+        "top_logprobs",
+        "logit_bias",
+    }
+)
+
+
+def requested_parameters(body: dict[str, Any]) -> frozenset[str]:
+    names = {k for k in body if k in REQUEST_PARAMETERS and body[k] is not None}
+    if body.get("max_completion_tokens") is not None:
+        names.add("max_tokens")
+    return frozenset(names)
+
+
+def route(
+    providers: tuple[ProviderEndpoint, ...], prefs: Any, params: frozenset[str] = frozenset()
+) -> list[ProviderEndpoint]:
+    """Endpoints allowed by a request's ``provider`` object, best first (empty = 404)."""
     eps = [e for e in providers if e.status == 0]
     if not isinstance(prefs, dict):
         return eps
+    if prefs.get("require_parameters") is True and params:
+        eps = [e for e in eps if params <= set(e.parameters)]
     quants = _names(prefs.get("quantizations"))
     if quants:
         eps = [e for e in eps if _quant_ok(e, quants)]
@@ -450,7 +505,8 @@ class Simulator:
         self._models = {config.model_slug, config.model_permaslug}
         self._id_prefix = secrets.token_hex(4)
         self._counter = itertools.count(1)
-        self._fp4 = [e for e in config.providers if e.quantization.lower() in _FP4_FAMILY]
+        # A model-backed generator's text is the model's own output: it gets no leading spaces.
+        self._leading_space_rate = config.leading_space_rate if self._submit is None else 0.0
 
     # -- helpers ----------------------------------------------------------------------------
     def _authorized(self, request: web.Request) -> bool:
@@ -475,20 +531,52 @@ class Simulator:
     def _new_id(self) -> str:
         return f"gen-{int(time.time())}-{self._id_prefix}{next(self._counter):010d}"
 
-    def _routes_for(self, prefs: Any) -> list[ProviderEndpoint]:
-        if prefs is None:
-            key = b""
-        else:
-            try:
-                key = orjson.dumps(prefs, option=orjson.OPT_SORT_KEYS)
-            except TypeError:
-                return route(self.config.providers, prefs)
+    def _routes_for(self, prefs: Any, params: frozenset[str]) -> list[ProviderEndpoint]:
+        try:
+            key = (b"" if prefs is None else orjson.dumps(prefs, option=orjson.OPT_SORT_KEYS), params)
+        except TypeError:
+            return route(self.config.providers, prefs, params)
         hit = self._route_cache.get(key)
         if hit is None:
-            hit = route(self.config.providers, prefs)
+            hit = route(self.config.providers, prefs, params)
             if len(self._route_cache) < 1024:
                 self._route_cache[key] = hit
         return hit
+
+    def _no_route(self, prefs: Any, params: frozenset[str]) -> web.Response:
+        """404, worded as OpenRouter words it, naming why routing left no endpoint."""
+        serving = [e for e in self.config.providers if e.status == 0]
+        if isinstance(prefs, dict) and prefs.get("require_parameters") is True:
+            relaxed = route(self.config.providers, {**prefs, "require_parameters": False}, params)
+            if relaxed:
+                return self._answer(
+                    404,
+                    "no_provider",
+                    _error_body(
+                        404,
+                        "No endpoints found that can handle the requested parameters. To learn more about"
+                        " provider routing, visit: https://openrouter.ai/docs/guides/routing/provider-selection",
+                    ),
+                )
+        requested = sorted(_names(prefs.get("only"))) if isinstance(prefs, dict) else []
+        tail = (
+            f", but your request's provider.only preference permits only: {', '.join(requested)}" if requested else ""
+        )
+        return self._answer(
+            404,
+            "no_provider",
+            _error_body(
+                404,
+                f"No allowed providers are available for the selected model. Providers serving"
+                f" {self.config.model_permaslug}: {', '.join(sorted({e.slug for e in serving}))}{tail}.",
+                {
+                    "available_providers": sorted({e.slug for e in serving}),
+                    "requested_providers": requested,
+                    "routing_funnel": [{"step": "Initial Endpoints", "endpoint_count": len(serving)}],
+                    "failed_routing_step": "Filter by Provider Preferences",
+                },
+            ),
+        )
 
     @staticmethod
     def _cache_key(req: ChatRequest, exclude_reasoning: bool) -> tuple[Any, ...]:
@@ -497,6 +585,14 @@ class Simulator:
 
     def _account(self, req: ChatRequest, completion: Completion, exclude_reasoning: bool) -> PreparedResponse:
         prompt_tokens = self.accountant.prompt_tokens(req.messages, req.tools)
+        if self._leading_space_rate and self._leading_space(req.content_hash):
+            # Some Kimi providers start both fields with a space; it is text like any other (counted, kept).
+            completion = Completion(
+                " " + completion.reasoning if completion.reasoning else "",
+                " " + completion.content if completion.content else "",
+                completion.tool_calls,
+                completion.finish_reason,
+            )
         return self.accountant.prepare(completion, prompt_tokens, req.max_tokens, exclude_reasoning)
 
     def _prepare(self, req: ChatRequest, exclude_reasoning: bool) -> PreparedResponse:
@@ -518,6 +614,11 @@ class Simulator:
             self.cache.put(key, prepared)
         return prepared
 
+    def _leading_space(self, content_hash: str) -> bool:
+        """A fixed draw per prompt (text never depends on the attempt), at ``leading_space_rate``."""
+        digest = hashlib.blake2b(f"space:{self.config.seed}:{content_hash}".encode(), digest_size=4).digest()
+        return int.from_bytes(digest, "big") < self._leading_space_rate * _SPACE_DRAW
+
     def _usage(self, prompt_tokens: int, completion_tokens: int, reasoning_tokens: int, cost: float) -> dict[str, Any]:
         return {
             "prompt_tokens": prompt_tokens,
@@ -530,8 +631,8 @@ class Simulator:
             "completion_tokens_details": {"reasoning_tokens": reasoning_tokens, "image_tokens": 0},
         }
 
-    def _parse(self, body: Any) -> tuple[ChatRequest, str | None, bool, bool, Any]:
-        """Validate the body: the request, a forced marker, stream flag, reasoning exclusion, routing."""
+    def _parse(self, body: Any) -> tuple[ChatRequest, str | None, bool, bool, Any, frozenset[str]]:
+        """Validate the body: the request, a forced marker, stream flag, reasoning exclusion, routing, parameters."""
         if not isinstance(body, dict):
             raise _BadRequest("Request body must be a JSON object")
         model = body.get("model")
@@ -563,7 +664,7 @@ class Simulator:
         reasoning = body.get("reasoning")
         exclude = bool(reasoning.get("exclude")) if isinstance(reasoning, dict) else False
         req = ChatRequest(messages, tools, body.get("tool_choice"), max_tokens, request_content_hash(messages, tools))
-        return req, marker, bool(body.get("stream")), exclude, body.get("provider")
+        return req, marker, bool(body.get("stream")), exclude, body.get("provider"), requested_parameters(body)
 
     # -- chat completions -------------------------------------------------------------------
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
@@ -593,7 +694,7 @@ class Simulator:
         state.stats.admitted += 1
         try:
             raw = await request.read()
-            req, marker, stream, exclude, prefs = self._parse(orjson.loads(raw))
+            req, marker, stream, exclude, prefs, params = self._parse(orjson.loads(raw))
         except orjson.JSONDecodeError:
             return self._answer(400, "bad_request", _error_body(400, "Invalid JSON in request body"))
         except _BadRequest as exc:
@@ -609,13 +710,20 @@ class Simulator:
                         400, "Provider returned error: invalid request", {"provider_name": None, "raw": "simulated 400"}
                     ),
                 )
+            if marker == "403guardrail":
+                return self._answer(
+                    403,
+                    "guardrail_blocked",
+                    _error_body(403, "Request blocked: prompt injection patterns detected"),
+                )
             if marker == "403":
                 return self._answer(
                     403,
                     "moderation",
                     _error_body(
                         403,
-                        "Input was flagged by moderation",
+                        f"{self.config.model_slug} requires moderation on OpenRouter. Your input was flagged for"
+                        ' "violence"',
                         {
                             "reasons": ["violence"],
                             "flagged_input": "[[sim:403]]",
@@ -627,21 +735,20 @@ class Simulator:
             if marker.startswith("fault=") and marker[6:] in FAULT_NAMES:
                 forced_fault = marker[6:]
 
-        candidates = self._routes_for(prefs)
+        candidates = self._routes_for(prefs, params)
         if not candidates:
+            return self._no_route(prefs, params)
+        budget = state.workspace_budget
+        if budget is not None and state.account.usage >= budget:
             return self._answer(
-                503,
-                "no_provider",
-                _error_body(
-                    503,
-                    "No endpoints found that match your provider preferences (quantizations, ignore, max_price).",
-                    {"provider_name": None},
-                ),
+                403,
+                "budget_exceeded",
+                _error_body(403, "Budget limit exceeded (total limit). Contact your org admin."),
             )
         fault = forced_fault or state.picker.draw()
         provider = candidates[0]
-        if fault == "disallowed_provider" and self._fp4:
-            provider = state.picker.choice(self._fp4)
+        if fault == "disallowed_provider":
+            provider = self._outside(candidates) or provider
 
         if self._submit is None:
             prepared = self._prepare(req, exclude)
@@ -672,6 +779,13 @@ class Simulator:
         if stream:
             return await self._stream(request, req, prepared, provider, fault, started)
         return await self._complete(request, req, prepared, provider, fault, started)
+
+    def _outside(self, candidates: list[ProviderEndpoint]) -> ProviderEndpoint | None:
+        """An endpoint routing should have excluded, under a display name no candidate shares (a
+        violation the client can see; one under a shared name is what pinning by tag prevents)."""
+        names = {e.name.lower() for e in candidates}
+        pool = [e for e in self.config.providers if e.name.lower() not in names and e.status == 0]
+        return self.state.picker.choice(pool) if pool else None
 
     def _early_fault(self, fault: str, faults: FaultConfig, provider: ProviderEndpoint) -> web.Response:
         if fault == "inflight_402":
@@ -773,7 +887,7 @@ class Simulator:
                 )
                 state.stats.by_outcome["abandoned"] += 1
             raise
-        headers = {"X-Generation-Id": gen_id}
+        headers = None  # OpenRouter sends no generation-id header: the id is the body's first field
         if fault == "server_error":
             return self._server_error(provider)
         if fault == "timeout_408":
@@ -916,9 +1030,7 @@ class Simulator:
             )
         gen_id = self._new_id()
         created = int(time.time())
-        resp = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Generation-Id": gen_id}
-        )
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         deltas = prepared.stream_deltas(cfg.stream_chunks)
         billable = self._billable(fault, prepared)
@@ -969,6 +1081,22 @@ class Simulator:
                 await resp.write(chunk(delta))
                 sent += 1
             if fault == "drop_connection":
+                # The id went out with the first chunk: /generation knows the attempt (unbilled: no answer).
+                state.record_generation(
+                    gen_id,
+                    req.content_hash,
+                    provider,
+                    prepared.prompt_tokens,
+                    prepared.completion_tokens * sent // max(1, len(deltas)),
+                    prepared.reasoning_tokens,
+                    prepared.finish_reason,
+                    billed=False,
+                    streamed=True,
+                    cancelled=True,
+                    started=started,
+                    generation_s=time.monotonic() - started,
+                )
+                sent = len(deltas) + 1  # settled above: the disconnect below must not bill it again
                 return await self._drop(request)
             if fault == "truncated_json":
                 if billable:
@@ -1033,8 +1161,9 @@ class Simulator:
             )
             sent = len(deltas) + 1  # billed in full from here on
             usage = self._usage(prepared.prompt_tokens, prepared.completion_tokens, prepared.reasoning_tokens, cost)
-            await resp.write(chunk({"role": "assistant", "content": ""}, prepared.finish_reason, usage=usage))
-            await resp.write(_DONE)
+            await resp.write(chunk({"role": "assistant", "content": ""}, prepared.finish_reason))
+            # Usage comes last, in a chunk of its own with no choices.
+            await resp.write(b"data: " + orjson.dumps({**base, "choices": [], "usage": usage}) + b"\n\n" + _DONE)
             await resp.write_eof()
         except (asyncio.CancelledError, ConnectionError):
             if sent <= len(deltas) and billable and not state.stopping:
@@ -1083,6 +1212,8 @@ class Simulator:
     async def credits(self, request: web.Request) -> web.Response:
         if not self._authorized(request):
             return self._unauthorized()
+        if request.headers.get("Authorization", "")[7:].strip() not in self.config.management_keys:
+            return _json_response(403, _error_body(403, "Only management keys can perform this operation"))
         a = self.state.account
         return _json_response(200, {"data": {"total_credits": a.limit, "total_usage": a.usage}})
 
@@ -1115,6 +1246,15 @@ class Simulator:
             return _json_response(400, _error_body(400, f"bad top-up: {exc}"))
         return _json_response(200, {"data": self.state.key_data()})
 
+    async def admin_budget(self, request: web.Request) -> web.Response:
+        try:
+            body = orjson.loads(await request.read())
+            amount = body.get("amount")
+            self.state.set_workspace_budget(None if amount is None else float(amount))
+        except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError) as exc:
+            return _json_response(400, _error_body(400, f"bad budget: {exc}"))
+        return _json_response(200, {"workspace_budget_usd": self.state.workspace_budget})
+
     async def admin_stats(self, request: web.Request) -> web.Response:
         raw = request.query.get("generations")
         limit = int(raw) if raw is not None and raw.isdigit() else None
@@ -1142,19 +1282,6 @@ class Simulator:
 
 
 def endpoints_payload(config: SimulatorConfig) -> dict[str, Any]:
-    supported = [
-        "max_tokens",
-        "temperature",
-        "top_p",
-        "tools",
-        "tool_choice",
-        "reasoning",
-        "include_reasoning",
-        "stop",
-        "response_format",
-        "structured_outputs",
-        "seed",
-    ]
     return {
         "data": {
             "id": config.model_slug,
@@ -1187,7 +1314,7 @@ def endpoints_payload(config: SimulatorConfig) -> dict[str, Any]:
                     "quantization": e.quantization,
                     "max_completion_tokens": e.max_completion_tokens,
                     "max_prompt_tokens": None,
-                    "supported_parameters": supported,
+                    "supported_parameters": list(e.parameters),
                     "status": e.status,
                     "uptime_last_30m": e.uptime_last_30m,
                     "supports_implicit_caching": False,
@@ -1223,6 +1350,7 @@ def build_app(config: SimulatorConfig, generator: ResponseGenerator | None = Non
     app.router.add_get(f"{api}/models/{{author}}/{{slug}}/endpoints", sim.endpoints)
     app.router.add_get("/health", sim.health)
     app.router.add_post("/_sim/topup", sim.admin_topup)
+    app.router.add_post("/_sim/budget", sim.admin_budget)
     app.router.add_get("/_sim/stats", sim.admin_stats)
     app.router.add_post("/_sim/faults", sim.admin_faults)
     app.router.add_post("/_sim/reset_stats", sim.admin_reset_stats)

@@ -60,10 +60,17 @@ class Harness:
         dataset: str = "T1",
         timeout_s: float = 2.0,
         key_poll_s: float = 0.2,
+        model: str = MODEL,
+        sampling: dict | None = None,
+        stream: bool = False,
+        idle_s: float = 1.0,
     ) -> PartitionReport:
         settings = GenerationSettings(
-            model=MODEL,
+            model=model,
             max_tokens=max_tokens,
+            sampling=sampling or {},
+            stream=stream,
+            stream_idle_timeout_s=idle_s,
             budget_usd=budget,
             max_in_flight=max_in_flight,
             retry=RetryPolicy(max_attempts=max_attempts, base_delay_s=0.01, max_delay_s=0.1, retry_after_cap_s=0.2),
@@ -81,8 +88,12 @@ class Harness:
                 async with OpenRouterClient(
                     self.sim.base_url, ApiKey(key), max_connections=max_in_flight, request_timeout_s=timeout_s
                 ) as client:
-                    table = ProviderTable(parse_endpoints(await client.endpoints(MODEL)), policy or ProviderPolicy())
+                    requested = ("max_tokens", *(sampling or {}))
+                    table = ProviderTable(
+                        parse_endpoints(await client.endpoints(MODEL)), policy or ProviderPolicy(), requested
+                    )
                     table.require_allowed()
+                    lines.append(table.render())
                     runner = PartitionRunner(job, client, ledger, table, settings, estimator, emit=lines.append)
                     return await runner.run()
             finally:

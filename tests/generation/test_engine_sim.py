@@ -1,14 +1,17 @@
 """The generation engine against the simulator over real HTTP: every error class, provider policy,
-budgets, credits, resumption."""
+budgets, credits, resumption, streaming. The simulator answers in OpenRouter's real shapes
+(``tests/simulator/test_real_shapes.py``): no generation-id header, 404 for routing, 403 budgets."""
 
 import pytest
 
 from eagle_assets.generation.ledger import BudgetLedger
 from resources.openrouter.providers import NoAllowedProviderError, ProviderPolicy
+from resources.simulator.config import ProviderEndpoint
 from resources.simulator.faults import FaultConfig
 from tests.generation.conftest import make_prompts
 
-ALLOWED = {"Moonshot AI", "Chutes", "SiliconFlow", "Parasail"}
+# DeepInfra is allowed through its fp8 endpoint, pinned by tag apart from its fp4 one.
+ALLOWED = {"Moonshot AI", "Chutes", "SiliconFlow", "Parasail", "DeepInfra"}
 
 
 def assert_unique_complete(h, prompts, report):
@@ -98,9 +101,11 @@ def test_bad_request_and_moderation_are_recorded_and_never_retried(harness):
     prompts = make_prompts(6)
     prompts[1].messages[0]["content"] += " [[sim:400]]"
     prompts[2].messages[0]["content"] += " [[sim:403]]"
+    prompts[3].messages[0]["content"] += " [[sim:403guardrail]]"
     report = harness.run(prompts)
     recs = {r["prompt_id"]: r for r in harness.records()}
-    assert report.skipped == 2 and report.complete
+    assert report.skipped == 3 and report.complete
+    assert recs[prompts[3].prompt_id]["error_class"] == "guardrail_blocked"
     assert recs[prompts[1].prompt_id]["status"] == "skipped"
     assert recs[prompts[1].prompt_id]["error_class"] == "bad_request"
     assert recs[prompts[2].prompt_id]["error_class"] == "moderation"
@@ -179,3 +184,139 @@ def test_429_storm_adapts_concurrency_and_completes(harness):
     report = harness.run(prompts, max_in_flight=200, max_attempts=30)
     assert_unique_complete(harness, prompts, report)
     assert report.errors["rate_limited"] > 0
+
+
+# --- real OpenRouter semantics (issue 13) -----------------------------------------------------------
+@pytest.mark.sim(workspace_budget_usd=0.01)
+def test_budget_403_stops_resumable_without_skipping_and_resumes(harness):
+    prompts = make_prompts(120)
+    report = harness.run(prompts, max_tokens=128, max_in_flight=8)
+    assert report.stop_reason == "credits" and "budget exhausted (403" in report.stop_detail
+    assert report.skipped == 0 and report.done < 120
+    assert all(r["status"] == "ok" for r in harness.records())  # nothing journaled as skipped
+    assert report.errors["budget_exceeded"] >= 1
+    harness.sim.set_workspace_budget(None)
+    again = harness.run(prompts, max_tokens=128)
+    assert_unique_complete(harness, prompts, again)
+    assert harness.sim.stats(0)["hashes_billed_more_than_once"] == []
+
+
+def test_unknown_model_400_is_fatal_not_skipped(harness):
+    prompts = make_prompts(30)
+    report = harness.run(prompts, model="moonshotai/kimi-k2.5-0000", max_in_flight=4)
+    assert report.stop_reason == "fatal" and "not a valid model ID" in report.stop_detail
+    assert report.skipped == 0 and harness.records() == [] and report.requests <= 4
+
+
+def test_parameters_no_endpoint_supports_refuse_the_start(harness):
+    with pytest.raises(NoAllowedProviderError, match=r"lacks top_k \(require_parameters\)"):
+        harness.run(make_prompts(3), sampling={"top_k": 5})
+    assert harness.sim.stats(0)["requests_received"] == 0
+
+
+@pytest.mark.parametrize("fault", ["truncated_json", "whitespace_padding"])
+def test_torn_bodies_are_settled_from_generation_not_at_worst_case(harness, fault):
+    harness.sim.set_faults(FaultConfig(**{fault: 0.4}))
+    prompts = make_prompts(40, tag=fault[:3])
+    report = harness.run(prompts, max_attempts=12)
+    assert_unique_complete(harness, prompts, report)
+    # Every torn body's id came from its first bytes, so /generation priced it exactly.
+    assert harness.ledger_totals().usd_spent == pytest.approx(harness.sim.stats(0)["billed_usd"], rel=1e-9)
+    if fault == "truncated_json":
+        assert report.errors["malformed"] > 0 and report.uncertain_usd > 0
+
+
+@pytest.mark.sim(unlimited_key=True, credits=0.02)
+def test_unlimited_key_without_credits_access_logs_no_cap_and_stops_on_402(harness):
+    prompts = make_prompts(200)
+    report = harness.run(prompts, max_tokens=128)
+    assert any("no account cap visible" in line for line in report.log_lines)
+    assert report.stop_reason == "credits" and "credits exhausted (402" in report.stop_detail
+    assert report.skipped == 0
+
+
+@pytest.mark.sim(unlimited_key=True, credits=0.02, management_keys=frozenset({"sk-mgmt"}))
+def test_unlimited_key_falls_back_to_credits_and_admits_within_them(harness):
+    prompts = make_prompts(200)
+    report = harness.run(prompts, max_tokens=128, key="sk-mgmt")
+    assert any("account's credits (/credits)" in line for line in report.log_lines)
+    assert report.stop_reason == "credits" and report.done < 200
+    assert report.errors["credits_exhausted"] == 0  # stopped by our own admission, before any 402
+    assert harness.sim.stats(0)["credits"]["remaining"] >= 0
+
+
+GMI = (
+    ProviderEndpoint("GMICloud", "gmicloud", "fp8", 0.20, 1.00, endpoint_tag="gmicloud"),  # bare tag: unpinnable
+    ProviderEndpoint("GMICloud", "gmicloud", "fp4", 0.10, 0.50),
+    ProviderEndpoint("SiliconFlow", "siliconflow", "int4", 0.30, 1.20, supported_parameters=("max_tokens",)),
+    ProviderEndpoint("Chutes", "chutes", "int4", 0.45, 2.00),
+    ProviderEndpoint("Novita", "novita", None, 0.25, 1.10),
+)
+
+
+@pytest.mark.sim(providers=GMI)
+def test_routing_pins_endpoints_drops_unpinnable_providers_and_requires_parameters(harness):
+    prompts = make_prompts(30)
+    report = harness.run(prompts, sampling={"temperature": 0.7})
+    assert_unique_complete(harness, prompts, report)
+    # Cheaper GMICloud fp8 cannot be pinned apart from its fp4 endpoint; SiliconFlow cannot take temperature.
+    assert harness.sim.stats(0)["by_provider"] == {"Chutes": 30}
+    table = "\n".join(report.log_lines)
+    assert "GMICloud also lists" in table and "lacks temperature (require_parameters)" in table
+
+
+@pytest.mark.sim(providers=GMI)
+def test_trusted_unknown_quantization_is_routed_to(harness):
+    prompts = make_prompts(10)
+    report = harness.run(prompts, policy=ProviderPolicy(trust_unknown_quantization=("novita",)))
+    assert_unique_complete(harness, prompts, report)
+    assert harness.sim.stats(0)["by_provider"] == {"Novita": 10}
+
+
+def test_leading_spaces_are_kept_in_the_records(harness):
+    prompts = make_prompts(60)
+    assert_unique_complete(harness, prompts, harness.run(prompts))
+    recs = harness.records()
+    spaced = [r for r in recs if r["reasoning"].startswith(" ")]
+    assert 3 <= len(spaced) < len(recs) and all(r["content"].startswith(" ") for r in spaced if r["content"])
+
+
+# --- streaming --------------------------------------------------------------------------------------
+def test_streaming_gives_the_same_records_as_plain(harness):
+    prompts = make_prompts(30) + make_prompts(10, tag="tool", tools=True)
+    plain = harness.run(prompts, shard="plain")
+    streamed = harness.run(prompts, shard="stream", stream=True)
+    assert plain.complete and plain.stop_reason == streamed.stop_reason == "completed"
+    keep = ("prompt_id", "reasoning", "content", "tool_calls", "finish_reason", "provider", "completion_tokens")
+    a = sorted(({k: r[k] for k in keep} for r in harness.records("plain")), key=lambda r: r["prompt_id"])
+    b = sorted(({k: r[k] for k in keep} for r in harness.records("stream")), key=lambda r: r["prompt_id"])
+    assert a == b and streamed.complete
+    assert all(r["generation_id"].startswith("gen-") for r in harness.records("stream"))
+    stats = harness.sim.stats()
+    assert sum(g["streamed"] for g in stats["generations"]) == 40
+
+
+STREAM_FAULTS = [
+    ("stall", {"stall": 0.2, "stall_seconds": 5.0}, "stalled"),
+    ("drop_connection", {"drop_connection": 0.3}, "connection"),
+    ("truncated_json", {"truncated_json": 0.3}, "connection"),
+    ("finish_error", {"finish_error": 0.3}, "finish_error"),
+    ("rate_limit", {"rate_limit": 0.3}, "rate_limited"),
+]
+
+
+@pytest.mark.parametrize(("name", "faults", "cls"), STREAM_FAULTS, ids=[f[0] for f in STREAM_FAULTS])
+def test_streaming_faults_are_retried_and_settled(harness, name, faults, cls):
+    harness.sim.set_faults(FaultConfig(**{"retry_after_s": 0.05, **faults}))
+    prompts = make_prompts(30, tag=f"s{name[:3]}")
+    report = harness.run(prompts, stream=True, idle_s=0.5, timeout_s=10.0, max_attempts=12)
+    assert_unique_complete(harness, prompts, report)
+    assert report.errors[cls] > 0, dict(report.errors)
+    spent, billed = harness.ledger_totals().usd_spent, harness.sim.stats(0)["billed_usd"]
+    if name in ("drop_connection", "truncated_json"):
+        # The id came with the first chunk: /generation settled each cut stream exactly.
+        assert spent == pytest.approx(billed, rel=1e-9)
+    else:
+        assert spent >= billed - 1e-9
+    if name == "stall":
+        assert report.elapsed_s < 5.0 + 4.0  # abandoned after the idle timeout, not the request timeout

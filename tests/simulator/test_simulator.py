@@ -62,7 +62,7 @@ SEARCH_TOOL = {
     },
 }
 INT4_NAMES = {"Moonshot AI", "Chutes", "SiliconFlow", "Parasail"}
-FP4_NAMES = {"Fireworks", "Baseten", "DeepInfra"}
+FP4_NAMES = {"Fireworks", "BaseTen", "DeepInfra"}
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +122,9 @@ async def test_same_prompt_gives_same_response_and_is_seen_billed_twice():
             _, _, other = await post(s, sim.base_url, payload("Something else entirely, please."))
     assert st1 == st2 == 200
     r1, r2 = orjson.loads(b1), orjson.loads(b2)
-    assert r1["id"] != r2["id"] and r1["id"].startswith("gen-") and h1["X-Generation-Id"] == r1["id"]
+    assert r1["id"] != r2["id"] and r1["id"].startswith("gen-")
+    # As on OpenRouter: no generation-id header; the id is the body's first field.
+    assert "X-Generation-Id" not in h1 and b1.startswith(f'{{"id":"{r1["id"]}"'.encode())
     for r in (r1, r2):
         r.pop("id")
         r.pop("created")
@@ -281,7 +283,9 @@ async def test_each_fault_produces_its_documented_outcome(fault):
     elif fault == "whitespace_padding":
         assert status == 200 and raw[:1].isspace() and parsed["choices"][0]["message"]["content"] and billed == 1
     elif fault == "disallowed_provider":
-        assert status == 200 and parsed["provider"] in FP4_NAMES and stats["by_provider"] == {parsed["provider"]: 1}
+        # Routing asked for int4: the answer comes from a name no int4 endpoint has, so the client can see it.
+        assert status == 200 and parsed["provider"] not in INT4_NAMES
+        assert stats["by_provider"] == {parsed["provider"]: 1}
         assert billed == 1 and stats["generations"][0]["provider"] == parsed["provider"]
     elif fault == "inflight_402":
         assert status == 402 and headers["Retry-After"] == "1"
@@ -369,11 +373,15 @@ async def test_routing_honours_provider_preferences():
     cases = [
         ({"quantizations": ["int4"], "sort": "price"}, "Chutes"),
         ({"quantizations": ["int4"], "ignore": ["chutes"], "sort": "price"}, "SiliconFlow"),
-        ({"sort": "price"}, "Fireworks"),
+        ({"sort": "price"}, "Novita"),  # Together is cheaper but down (status -5): never routed to
         ({"quantizations": ["fp4"], "ignore": ["fireworks"], "sort": "price"}, "DeepInfra"),  # cheaper prompt
-        ({"quantizations": ["fp4"], "ignore": ["fireworks", "deepinfra/fp4"], "sort": "price"}, "Baseten"),
+        ({"quantizations": ["fp4"], "ignore": ["fireworks", "deepinfra/fp4"], "sort": "price"}, "BaseTen"),
+        ({"quantizations": ["fp8"], "sort": "price"}, "DeepInfra"),
+        ({"only": ["deepinfra/fp8"], "sort": "price"}, "DeepInfra"),  # a full tag pins one endpoint
+        ({"quantizations": ["unknown"], "sort": "price"}, "Novita"),  # null quantization counts as unknown
         ({"only": ["parasail"]}, "Parasail"),
         ({"only": ["moonshotai/int4"]}, "Moonshot AI"),
+        ({"only": ["siliconflow/int4", "chutes/int4"], "require_parameters": True, "sort": "price"}, "Chutes"),
         ({"quantizations": ["int4"], "max_price": {"completion": 2.3}, "sort": "price"}, "Chutes"),
         ({"quantizations": ["int4"], "order": ["siliconflow", "chutes"]}, "SiliconFlow"),
         (None, "Moonshot AI"),
@@ -385,13 +393,31 @@ async def test_routing_honours_provider_preferences():
                 status, _, raw = await post(s, sim.base_url, payload("route me", **extra))
                 assert status == 200, prefs
                 assert orjson.loads(raw)["provider"] == expected, prefs
+            # SiliconFlow lacks top_p: with require_parameters it is never used for a request that sends it.
+            pinned = {"only": ["siliconflow/int4", "chutes/int4"], "require_parameters": True, "order": ["siliconflow"]}
+            status, _, raw = await post(s, sim.base_url, payload("route me", top_p=0.9, provider=pinned))
+            assert status == 200 and orjson.loads(raw)["provider"] == "Chutes"
+            status, _, raw = await post(
+                s, sim.base_url, payload("route me", provider={**pinned, "require_parameters": False}, top_p=0.9)
+            )
+            assert status == 200 and orjson.loads(raw)["provider"] == "SiliconFlow"
+            only_sf = {"only": ["siliconflow/int4"], "require_parameters": True}
+            status, _, raw = await post(s, sim.base_url, payload("route me", top_p=0.9, provider=only_sf))
+            err = orjson.loads(raw)["error"]
+            assert status == 404 and err["message"].startswith(
+                "No endpoints found that can handle the requested parameters"
+            )
             for prefs in (
-                {"quantizations": ["fp8", "bf16"]},
+                {"quantizations": ["bf16"]},
                 {"quantizations": ["int4"], "max_price": {"completion": 1.5}},
                 {"only": ["fireworks"], "ignore": ["fireworks"]},
+                {"only": ["together/fp8"]},  # down
             ):
                 status, _, raw = await post(s, sim.base_url, payload("route me", provider=prefs))
-                assert status == 503 and orjson.loads(raw)["error"]["code"] == 503, prefs
+                err = orjson.loads(raw)["error"]
+                assert status == 404 and err["code"] == 404, prefs
+                assert err["message"].startswith("No allowed providers are available for the selected model"), prefs
+                assert "together" not in err["metadata"]["available_providers"]
 
 
 async def test_endpoints_listing():
@@ -400,16 +426,25 @@ async def test_endpoints_listing():
             status, body = await get_json(s, f"{sim.base_url}/models/moonshotai/kimi-k2.5/endpoints")
             missing, _ = await get_json(s, f"{sim.base_url}/models/nobody/nothing/endpoints")
     assert status == 200 and missing == 404
-    eps = {e["provider_name"]: e for e in body["data"]["endpoints"]}
-    assert set(eps) == INT4_NAMES | FP4_NAMES and body["data"]["id"] == MODEL
-    assert eps["Moonshot AI"]["tag"] == "moonshotai/int4" and eps["DeepInfra"]["quantization"] == "fp4"
-    assert eps["Chutes"]["pricing"] == {**eps["Chutes"]["pricing"], "prompt": "0.00000045", "completion": "0.000002"}
-    assert (
-        eps["Parasail"]["pricing"]["completion"] == "0.0000028" and eps["Baseten"]["pricing"]["prompt"] == "0.00000042"
-    )
-    for e in eps.values():
-        assert e["status"] == 0 and e["context_length"] > 0 and "tools" in e["supported_parameters"]
-        assert e["tag"] == e["tag"].lower()
+    eps = {e["tag"]: e for e in body["data"]["endpoints"]}
+    names = {e["provider_name"] for e in body["data"]["endpoints"]}
+    assert names >= INT4_NAMES | FP4_NAMES and body["data"]["id"] == MODEL
+    assert eps["moonshotai/int4"]["provider_name"] == "Moonshot AI" and eps["deepinfra/fp4"]["quantization"] == "fp4"
+    assert eps["deepinfra/fp8"]["provider_name"] == "DeepInfra"  # one name, two endpoints
+    assert eps["fireworks"]["provider_name"] == eps["fireworks/fast"]["provider_name"] == "Fireworks"  # bare tags
+    assert eps["novita"]["quantization"] is None and eps["atlas-cloud/unknown"]["quantization"] == "unknown"
+    assert eps["together/fp8"]["status"] == -5
+    assert "top_p" not in eps["siliconflow/int4"]["supported_parameters"]
+    assert eps["chutes/int4"]["pricing"] == {
+        **eps["chutes/int4"]["pricing"],
+        "prompt": "0.00000045",
+        "completion": "0.000002",
+    }
+    assert eps["parasail/int4"]["pricing"]["completion"] == "0.0000028"
+    assert eps["baseten/fp4"]["pricing"]["prompt"] == "0.00000042" and eps["baseten/fp4"]["provider_name"] == "BaseTen"
+    for tag, e in eps.items():
+        assert e["context_length"] > 0 and "tools" in e["supported_parameters"]
+        assert tag == tag.lower() and (e["status"] == 0 or tag == "together/fp8")
 
 
 # --------------------------------------------------------------------------------------------
@@ -430,7 +465,7 @@ async def test_auth_is_required():
 
 async def test_credits_run_out_then_topup_restores_service():
     # Chutes: $0.45 / $2.00 per M. A 1000-token reservation needs ~$0.002.
-    with simulator(credits=0.004) as sim:
+    with simulator(credits=0.004, management_keys=frozenset({"sk-or-test"})) as sim:
         async with aiohttp.ClientSession() as s:
             route = {"provider": {"quantizations": ["int4"], "sort": "price"}, "max_tokens": 1000}
             status, _, raw = await post(s, sim.base_url, {**payload("too big"), **route, "max_tokens": 100_000})
@@ -447,7 +482,9 @@ async def test_credits_run_out_then_topup_restores_service():
                 assert r.status == 200
             assert (await post(s, sim.base_url, {**payload("after topup"), **route}))[0] == 200
             _, credits = await get_json(s, f"{sim.base_url}/credits")
+            forbidden, err = await get_json(s, f"{sim.base_url}/credits", headers={"Authorization": "Bearer sk-plain"})
             _, old_key = await get_json(s, f"{sim.base_url}/auth/key")
+    assert forbidden == 403 and err["error"]["message"] == "Only management keys can perform this operation"
     assert credits["data"]["total_credits"] == pytest.approx(1.004)
     assert credits["data"]["total_usage"] == pytest.approx(sim.stats()["billed_usd"])
     assert old_key["data"]["usage"] == pytest.approx(credits["data"]["total_usage"])
@@ -478,9 +515,9 @@ async def test_abandoned_request_is_billed_in_full_and_errors_are_not():
 async def test_generation_lookup_with_not_found_window():
     with simulator(generation_404_ms=300) as sim:
         async with aiohttp.ClientSession() as s:
-            _, headers, raw = await post(s, sim.base_url, payload("look me up", tools=[WEATHER_TOOL]))
+            _, _, raw = await post(s, sim.base_url, payload("look me up", tools=[WEATHER_TOOL]))
             r = orjson.loads(raw)
-            url = f"{sim.base_url}/generation?id={headers['X-Generation-Id']}"
+            url = f"{sim.base_url}/generation?id={r['id']}"
             early, _ = await get_json(s, url)
             await asyncio.sleep(0.35)
             status, g = await get_json(s, url)
@@ -512,7 +549,10 @@ def _reassemble(raw: bytes) -> tuple[dict[str, Any], dict[str, Any], str, list[s
             comments.append(line)
             continue
         chunk = orjson.loads(line.removeprefix("data: "))
-        assert chunk["object"] == "chat.completion.chunk"
+        assert chunk["object"] == "chat.completion.chunk" and chunk["id"].startswith("gen-")
+        if not chunk["choices"]:  # the last chunk: usage, no choices
+            usage = chunk["usage"]
+            continue
         choice = chunk["choices"][0]
         delta = choice["delta"]
         message["content"] += delta.get("content") or ""
@@ -525,7 +565,6 @@ def _reassemble(raw: bytes) -> tuple[dict[str, Any], dict[str, Any], str, list[s
             slot["arguments"] += fn.get("arguments") or ""
         if choice["finish_reason"]:
             finish = choice["finish_reason"]
-            usage = chunk.get("usage") or {}
             if "error" in chunk:
                 message["error"] = chunk["error"]
     return message, usage, finish, comments
@@ -544,7 +583,8 @@ async def test_streaming_reassembles_to_the_non_streaming_message():
                 msg, usage, finish, comments = _reassemble(streamed)
                 ref = full["choices"][0]["message"]
                 assert comments and comments[0] == ": OPENROUTER PROCESSING"
-                assert msg["content"] == ref["content"] and msg["reasoning"] == ref["reasoning"]
+                # null beside tool calls in the plain body; the stream's deltas concatenate to "".
+                assert msg["content"] == (ref["content"] or "") and msg["reasoning"] == ref["reasoning"]
                 assert finish == full["choices"][0]["finish_reason"]
                 calls = [
                     {"id": c["id"], "name": c["name"], "arguments": c["arguments"]} for c in msg["tool_calls"].values()
@@ -669,7 +709,16 @@ def test_config_round_trips_through_cli_flags(tmp_path: Path):
         mean_completion_tokens=50,
         generation_404_ms=20,
         faults=FaultConfig(rate_limit=0.1, stall=0.05, stall_seconds=2, admit_rate_per_s=100, admit_retry_after=False),
-        providers=(*DEFAULT_PROVIDERS[:2], ProviderEndpoint("Acme", "acme", "fp8", 0.3, 1.1)),
+        providers=(
+            *DEFAULT_PROVIDERS[:2],
+            ProviderEndpoint("Acme", "acme", "fp8", 0.3, 1.1),
+            ProviderEndpoint("Acme", "acme", None, 0.2, 1.0, status=-2, endpoint_tag="acme/fast"),
+            ProviderEndpoint("Bolt", "bolt", "int4", 0.3, 1.2, supported_parameters=("max_tokens", "tools")),
+        ),
+        unlimited_key=True,
+        management_keys=frozenset({"mk"}),
+        workspace_budget_usd=2.5,
+        leading_space_rate=0.5,
     )
     assert config_from_args(config_to_args(cfg)) == cfg
     assert config_from_args(config_to_args(SimulatorConfig())) == SimulatorConfig()
