@@ -2,9 +2,21 @@
 
 Dagster runs each step in its own process, so in-memory counters cannot hold a budget. This is a
 SQLite file (WAL, ``BEGIN IMMEDIATE`` transactions) that every generation step opens. A request is
-admitted only after its worst-case cost is *reserved* here; the actual cost *settles* it. The
-invariant checked on every reservation is ``spent + reserved + new <= budget``, across processes and
-restarts.
+admitted only after it is *reserved* here; the actual cost *settles* it. What a reservation holds
+is decided by ``admission`` from everything open on the ledger, across processes and restarts:
+
+- ``hard`` reservations hold their worst case (prompt + ``max_tokens`` at the dearest price), and
+  the check is ``spent + Σ worst cases ≤ budget`` — never exceeded;
+- ``statistical`` ones (the default) together hold ``n·μ + z·σ·√n`` of the dollars, from the
+  completion lengths this dataset has produced, once there are enough of them (worst case before);
+  the budget is then passed with probability below ``overspend_probability`` per run.
+
+A dataset's output-token budget is a target in the same way (``admission.token_admission``).
+
+The ledger also keeps what the statistics need: each reservation gets an admission number per
+dataset, and an answer counts only once every earlier admission of its dataset has closed (see
+``admission.cohort_moments``). And it holds the account-wide in-flight cap: processes lease slots
+(``lease_slots``), so ``max_in_flight`` is one number for the whole account, shared fairly.
 
 When a process dies, its reservations are orphaned: the requests may still have been billed (an
 abandoned non-streaming request is billed in full), so an orphan is converted into spend at its
@@ -18,10 +30,21 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
+
+from eagle_assets.generation.admission import (
+    AdmissionPolicy,
+    LengthModel,
+    Moments,
+    OpenGroup,
+    cohort_moments,
+    fair_shares,
+    held_usd,
+    token_admission,
+)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS owners (
@@ -36,12 +59,30 @@ CREATE TABLE IF NOT EXISTS totals (
   scope TEXT PRIMARY KEY, usd_spent INTEGER NOT NULL DEFAULT 0, usd_reserved INTEGER NOT NULL DEFAULT 0,
   tokens_spent INTEGER NOT NULL DEFAULT 0, tokens_reserved INTEGER NOT NULL DEFAULT 0,
   in_flight INTEGER NOT NULL DEFAULT 0);
+CREATE TABLE IF NOT EXISTS lengths (
+  dataset TEXT PRIMARY KEY, next_seq INTEGER NOT NULL DEFAULT 1,
+  n INTEGER NOT NULL DEFAULT 0, s1 REAL NOT NULL DEFAULT 0, s2 REAL NOT NULL DEFAULT 0,
+  s3 REAL NOT NULL DEFAULT 0, s4 REAL NOT NULL DEFAULT 0,
+  eff_n INTEGER NOT NULL DEFAULT 0, eff_s1 REAL NOT NULL DEFAULT 0, eff_s2 REAL NOT NULL DEFAULT 0,
+  eff_s3 REAL NOT NULL DEFAULT 0, eff_s4 REAL NOT NULL DEFAULT 0);
+CREATE TABLE IF NOT EXISTS answers (dataset TEXT NOT NULL, seq INTEGER NOT NULL, tokens INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS slots (owner TEXT PRIMARY KEY, want INTEGER NOT NULL, held INTEGER NOT NULL);
 CREATE INDEX IF NOT EXISTS reservations_owner ON reservations(owner);
 CREATE INDEX IF NOT EXISTS spend_partition ON spend(partition, kind);
+CREATE INDEX IF NOT EXISTS answers_seq ON answers(dataset, seq);
 """
+# Columns added to reservations after the first release; rows of an older ledger read as hard
+# worst-case reservations (prompt part = everything, no completion price), which is what they were.
+_RESERVATION_COLUMNS = {
+    "seq": "INTEGER NOT NULL DEFAULT 0",
+    "hard": "INTEGER NOT NULL DEFAULT 1",
+    "prompt_usd": "INTEGER NOT NULL DEFAULT 0",
+    "price": "REAL NOT NULL DEFAULT 0",
+}
 
 GLOBAL = "global"
 NANO = 1_000_000_000  # money is stored in integer nano-dollars: sums of floats drift, budgets must not
+DEAD_OWNER_CHECK_S = 5.0
 
 
 def _n(usd: float) -> int:
@@ -53,13 +94,28 @@ def _scope(dataset: str) -> str:
 
 
 @dataclass(frozen=True)
+class ReservationRequest:
+    """One request to admit: its worst case, the prompt part of it, and its completion price per token."""
+
+    dataset: str
+    partition: str
+    prompt_id: str
+    worst_usd: float
+    max_tokens: int
+    prompt_usd: float | None = None  # None: the whole worst case is fixed (no completion part)
+    price: float = 0.0  # dearest completion USD per token
+
+
+@dataclass(frozen=True)
 class Reservation:
     id: str
     dataset: str
     partition: str
     prompt_id: str
-    usd: float
-    tokens: int
+    usd: float  # worst case: what an orphan is charged
+    tokens: int  # max_tokens
+    seq: int = 0
+    hard: bool = True
 
 
 @dataclass(frozen=True)
@@ -67,15 +123,19 @@ class Settlement:
     reservation: Reservation
     usd: float
     tokens: int
-    kind: str = "settled"  # settled | discarded | failed | released
+    kind: str = "settled"  # settled | discarded | uncertain | failed | released
 
 
 @dataclass(frozen=True)
 class Denial:
-    """Why a reservation was refused: the ``usd`` budget, the dataset's ``tokens`` budget, or the key's ``credits``."""
+    """Why a reservation was refused: the ``usd`` budget, the dataset's ``tokens`` budget, or the key's ``credits``.
+
+    ``fit``: how many of the requests would have fit (fewer than the minimum asked for).
+    """
 
     reason: str
     detail: str
+    fit: int = 0
 
 
 @dataclass(frozen=True)
@@ -87,18 +147,30 @@ class Totals:
     in_flight: int
 
 
+@dataclass
+class _Open:
+    """What is open on the ledger, aggregated as admission needs it (one snapshot per transaction)."""
+
+    spent: float
+    hard_usd: float
+    all_usd: float
+    groups: dict[str, OpenGroup] = field(default_factory=dict)
+
+
 class BudgetLedger:
     """One connection per process; every public method is one short transaction."""
 
-    def __init__(self, path: str | Path, owner: str | None = None) -> None:
+    def __init__(self, path: str | Path, owner: str | None = None, policy: AdmissionPolicy | None = None) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.policy = policy or AdmissionPolicy()
         # One connection shared by the event loop and the journal-commit thread, serialized by a lock.
         self._db = sqlite3.connect(self.path, timeout=60.0, isolation_level=None, check_same_thread=False)
         self._lock = threading.RLock()
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
+        self._migrate()
         self.owner = owner or f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
         proc = psutil.Process()
         with self._tx() as cur:
@@ -106,7 +178,17 @@ class BudgetLedger:
                 "INSERT OR REPLACE INTO owners VALUES (?,?,?,?)",
                 (self.owner, proc.pid, proc.create_time(), time.time()),
             )
+        self._last_dead_check = time.monotonic()
         self.recover_dead_owners()
+
+    def _migrate(self) -> None:
+        """Add what later versions keep per reservation; under the write lock, so racing openers agree."""
+        with self._tx() as cur:
+            have = {row[1] for row in cur.execute("PRAGMA table_info(reservations)")}
+            for name, decl in _RESERVATION_COLUMNS.items():
+                if name not in have:
+                    cur.execute(f"ALTER TABLE reservations ADD COLUMN {name} {decl}")
+            cur.execute("CREATE INDEX IF NOT EXISTS reservations_seq ON reservations(dataset, seq)")
 
     # --- plumbing ---------------------------------------------------------------------------
     class _Tx:
@@ -138,10 +220,11 @@ class BudgetLedger:
         sets = ", ".join(f"{k} = {k} + ?" for k in deltas)
         cur.execute(f"UPDATE totals SET {sets} WHERE scope = ?", (*deltas.values(), scope))
 
-    def _move(self, cur: sqlite3.Cursor, res: Reservation, usd: float, tokens: int, kind: str) -> None:
+    def _move(self, cur: sqlite3.Cursor, res: Reservation, usd: float, tokens: int, kind: str) -> bool:
+        """Close a reservation into spend; False when it was already closed (never count twice)."""
         cur.execute("DELETE FROM reservations WHERE id = ?", (res.id,))
         if cur.rowcount == 0:
-            return  # already settled (or recovered as an orphan): never count twice
+            return False
         if kind != "released":
             cur.execute(
                 "INSERT INTO spend VALUES (?,?,?,?,?,?,?,?)",
@@ -157,6 +240,7 @@ class BudgetLedger:
                 tokens_reserved=-res.tokens,
                 in_flight=-1,
             )
+        return True
 
     # --- queries ----------------------------------------------------------------------------
     def totals(self, dataset: str | None = None) -> Totals:
@@ -176,48 +260,214 @@ class BudgetLedger:
             rows = self._db.execute(q + " GROUP BY kind", (partition,) if partition else ()).fetchall()
         return {k: v / NANO for k, v in rows}
 
-    # --- reservations -----------------------------------------------------------------------
+    def length_moments(self, dataset: str) -> Moments:
+        """The completion-length statistics admission uses for ``dataset`` (completed cohorts only)."""
+        with self._lock:
+            return self._moments(self._db.cursor(), dataset)
+
+    def length_model(self, dataset: str, max_tokens: int) -> LengthModel | None:
+        return LengthModel.from_moments(self.length_moments(dataset), self.policy, max_tokens)
+
+    def open_held_usd(self) -> float:
+        """What the open reservations hold of the dollar budget now (the admission check's left side, less spend)."""
+        with self._lock:
+            cur = self._db.cursor()
+            snap = self._open(cur)
+            return self._held(cur, snap, {}) - snap.spent
+
+    @staticmethod
+    def _moments(cur: sqlite3.Cursor, dataset: str) -> Moments:
+        row = cur.execute(
+            "SELECT eff_n, eff_s1, eff_s2, eff_s3, eff_s4 FROM lengths WHERE dataset = ?", (dataset,)
+        ).fetchone()
+        return Moments(*row) if row else Moments()
+
+    # --- admission --------------------------------------------------------------------------
+    def _open(self, cur: sqlite3.Cursor) -> _Open:
+        (spent,) = cur.execute("SELECT usd_spent FROM totals WHERE scope = ?", (GLOBAL,)).fetchone() or (0,)
+        snap = _Open(spent / NANO, 0.0, 0.0)
+        rows = cur.execute(
+            "SELECT dataset, hard, COUNT(*), SUM(usd), SUM(prompt_usd), SUM(price), SUM(price * price), MAX(price),"
+            " MAX(tokens) FROM reservations GROUP BY dataset, hard"
+        ).fetchall()
+        for dataset, hard, count, usd, prompt, p1, p2, pmax, tmax in rows:
+            snap.all_usd += usd / NANO
+            if hard:
+                snap.hard_usd += usd / NANO
+            else:
+                snap.groups[dataset] = OpenGroup(count, usd / NANO, prompt / NANO, p1, p2, pmax, tmax)
+        return snap
+
+    def _held(self, cur: sqlite3.Cursor, snap: _Open, models: dict[str, Moments]) -> float:
+        """``spent`` plus what everything open holds, under this ledger's policy."""
+        if self.policy.hard:
+            return snap.spent + snap.all_usd
+        for d in snap.groups:
+            if d not in models:
+                models[d] = self._moments(cur, d)
+        groups = [(g, LengthModel.from_moments(models[d], self.policy, g.max_tokens)) for d, g in snap.groups.items()]
+        return snap.spent + snap.hard_usd + held_usd(groups, self.policy)
+
     def reserve_many(
         self,
-        requests: Iterable[tuple[str, str, str, float, int]],
+        requests: Iterable[ReservationRequest | tuple[str, str, str, float, int]],
         *,
         budget_usd: float,
         token_budget: int | None,
+        account_cap_usd: float | None = None,
+        min_grant: int = 1,
     ) -> tuple[list[Reservation], Denial | None]:
-        """Reserve (dataset, partition, prompt_id, usd, tokens) in order until one does not fit."""
-        granted: list[Reservation] = []
+        """Reserve requests in order until one does not fit; all or nothing below ``min_grant``.
+
+        ``account_cap_usd``: the most the ledger's total spend may reach on the key's remaining credit
+        (spend at the last poll + the key's ``limit_remaining``); a denial on it reads ``credits``.
+        A plain tuple ``(dataset, partition, prompt_id, usd, tokens)`` is a request of fixed cost ``usd``.
+        """
+        reqs = [r if isinstance(r, ReservationRequest) else ReservationRequest(*r) for r in requests]
+        cap, cap_reason = budget_usd, "usd"
+        if account_cap_usd is not None and account_cap_usd < budget_usd:
+            cap, cap_reason = account_cap_usd, "credits"
+        cap_n = _n(cap)
+        hard = self.policy.hard
+        granted: list[tuple[ReservationRequest, float]] = []
         denial: Denial | None = None
-        now = time.time()
         with self._tx() as cur:
-            for dataset, partition, prompt_id, usd, tokens in requests:
-                (committed,) = cur.execute(
-                    "SELECT usd_spent + usd_reserved FROM totals WHERE scope = ?", (GLOBAL,)
-                ).fetchone() or (0,)
-                if committed + _n(usd) > _n(budget_usd):
-                    denial = Denial("usd", f"${committed / NANO:.4f} spent or reserved of ${budget_usd:.2f} budget")
+            snap = self._open(cur)
+            models: dict[str, Moments] = {}
+            token_state: dict[str, list[int]] = {}
+            for r in reqs:
+                prompt_usd = r.worst_usd if r.prompt_usd is None else r.prompt_usd
+                if hard:
+                    snap.all_usd += r.worst_usd
+                    snap.hard_usd += r.worst_usd
+                else:
+                    snap.all_usd += r.worst_usd
+                    g = snap.groups.get(r.dataset, OpenGroup())
+                    snap.groups[r.dataset] = g.plus(r.worst_usd, prompt_usd, r.price, r.max_tokens)
+                need = self._held(cur, snap, models)
+                if _n(need) > cap_n:
+                    what = "budget" if cap_reason == "usd" else "the key's remaining credit"
+                    denial = Denial(
+                        cap_reason,
+                        f"${snap.spent:.4f} spent + ${need - snap.spent:.4f} held by requests in flight would pass"
+                        f" ${cap:.2f} ({what}{', worst case' if hard else ''})",
+                    )
                     break
                 if token_budget is not None:
-                    d = cur.execute(
-                        "SELECT tokens_spent + tokens_reserved FROM totals WHERE scope = ?",
-                        (_scope(dataset),),
-                    ).fetchone() or (0,)
-                    if d[0] + tokens > token_budget:
-                        denial = Denial("tokens", f"{d[0]:,} of {token_budget:,} output tokens used or reserved")
+                    state = token_state.get(r.dataset)
+                    if state is None:
+                        row = cur.execute(
+                            "SELECT tokens_spent, in_flight, tokens_reserved FROM totals WHERE scope = ?",
+                            (_scope(r.dataset),),
+                        ).fetchone()
+                        state = token_state[r.dataset] = list(row or (0, 0, 0))
+                    if r.dataset not in models:
+                        models[r.dataset] = self._moments(cur, r.dataset)
+                    decision = token_admission(
+                        produced=state[0],
+                        open_count=state[1],
+                        open_max_tokens=state[2],
+                        new_max_tokens=r.max_tokens,
+                        budget=token_budget,
+                        model=LengthModel.from_moments(models[r.dataset], self.policy, r.max_tokens),
+                        policy=self.policy,
+                    )
+                    if not decision.admit:
+                        denial = Denial("tokens", decision.detail)
                         break
-                res = Reservation(uuid.uuid4().hex, dataset, partition, prompt_id, usd, tokens)
-                cur.execute(
-                    "INSERT INTO reservations VALUES (?,?,?,?,?,?,?,?)",
-                    (res.id, self.owner, dataset, partition, prompt_id, _n(usd), tokens, now),
-                )
-                for scope in (GLOBAL, _scope(dataset)):
-                    self._bump(cur, scope, usd_reserved=_n(usd), tokens_reserved=tokens, in_flight=1)
-                granted.append(res)
-        return granted, denial
+                    state[1] += 1
+                    state[2] += r.max_tokens
+                granted.append((r, prompt_usd))
+            if denial is not None and len(granted) < min_grant:
+                return [], Denial(denial.reason, denial.detail, fit=len(granted))
+            out = [self._insert(cur, r, prompt_usd, hard) for r, prompt_usd in granted]
+        if denial is not None:
+            denial = Denial(denial.reason, denial.detail, fit=len(out))
+        return out, denial
 
+    def _insert(self, cur: sqlite3.Cursor, r: ReservationRequest, prompt_usd: float, hard: bool) -> Reservation:
+        cur.execute("INSERT OR IGNORE INTO lengths(dataset) VALUES (?)", (r.dataset,))
+        (seq,) = cur.execute("SELECT next_seq FROM lengths WHERE dataset = ?", (r.dataset,)).fetchone()
+        cur.execute("UPDATE lengths SET next_seq = ? WHERE dataset = ?", (seq + 1, r.dataset))
+        res = Reservation(uuid.uuid4().hex, r.dataset, r.partition, r.prompt_id, r.worst_usd, r.max_tokens, seq, hard)
+        cur.execute(
+            "INSERT INTO reservations (id, owner, dataset, partition, prompt_id, usd, tokens, created, seq, hard,"
+            " prompt_usd, price) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+            (
+                res.id,
+                self.owner,
+                r.dataset,
+                r.partition,
+                r.prompt_id,
+                _n(r.worst_usd),
+                r.max_tokens,
+                time.time(),
+                seq,
+                int(hard),
+                _n(prompt_usd),
+                r.price,
+            ),
+        )
+        for scope in (GLOBAL, _scope(r.dataset)):
+            self._bump(cur, scope, usd_reserved=_n(r.worst_usd), tokens_reserved=r.max_tokens, in_flight=1)
+        return res
+
+    # --- settlement -------------------------------------------------------------------------
     def settle_many(self, settlements: Iterable[Settlement]) -> None:
+        """Close reservations; answers feed the length statistics (a lost attempt counts as max_tokens)."""
+        touched: set[str] = set()
         with self._tx() as cur:
             for s in settlements:
-                self._move(cur, s.reservation, s.usd, s.tokens, s.kind)
+                res = s.reservation
+                if not self._move(cur, res, s.usd, s.tokens, s.kind):
+                    continue
+                touched.add(res.dataset)
+                # An attempt whose answer was lost may have run long (timeouts do): count it at its maximum.
+                length = s.tokens if s.kind == "settled" else res.tokens if s.kind == "uncertain" else None
+                if length is not None:
+                    cur.execute("INSERT INTO answers VALUES (?,?,?)", (res.dataset, res.seq, int(length)))
+            for dataset in touched:
+                self._refresh_lengths(cur, dataset)
+
+    def _refresh_lengths(self, cur: sqlite3.Cursor, dataset: str) -> None:
+        """Fold answers below the oldest open admission into the dataset's statistics (see ``cohort_moments``)."""
+        row = cur.execute("SELECT next_seq, n, s1, s2, s3, s4 FROM lengths WHERE dataset = ?", (dataset,)).fetchone()
+        if row is None:
+            return
+        next_seq, *folded_row = row
+        (frontier,) = cur.execute("SELECT MIN(seq) FROM reservations WHERE dataset = ?", (dataset,)).fetchone()
+        frontier = next_seq if frontier is None else frontier
+        n, s1, s2, s3, s4 = cur.execute(
+            "SELECT COUNT(*), TOTAL(tokens), TOTAL(tokens * tokens * 1.0), TOTAL(tokens * tokens * tokens * 1.0),"
+            " TOTAL(tokens * tokens * 1.0 * tokens * tokens) FROM answers WHERE dataset = ? AND seq < ?",
+            (dataset, frontier),
+        ).fetchone()
+        folded = Moments(*folded_row)
+        if n:
+            folded = folded + Moments(n, s1, s2, s3, s4)
+            cur.execute("DELETE FROM answers WHERE dataset = ? AND seq < ?", (dataset, frontier))
+        effective = folded
+        if folded.n < self.policy.min_samples:
+            settled = cur.execute("SELECT seq, tokens FROM answers WHERE dataset = ?", (dataset,)).fetchall()
+            open_ = cur.execute("SELECT seq, tokens FROM reservations WHERE dataset = ?", (dataset,)).fetchall()
+            effective = cohort_moments(folded, settled, open_, self.policy.cohort_slack)
+        cur.execute(
+            "UPDATE lengths SET n=?, s1=?, s2=?, s3=?, s4=?, eff_n=?, eff_s1=?, eff_s2=?, eff_s3=?, eff_s4=?"
+            " WHERE dataset = ?",
+            (
+                folded.n,
+                folded.s1,
+                folded.s2,
+                folded.s3,
+                folded.s4,
+                effective.n,
+                effective.s1,
+                effective.s2,
+                effective.s3,
+                effective.s4,
+                dataset,
+            ),
+        )
 
     def release(self, reservation: Reservation) -> None:
         """Give back a reservation whose request was never billed."""
@@ -235,6 +485,26 @@ class BudgetLedger:
             for scope in (GLOBAL, _scope(dataset)):
                 self._bump(cur, scope, usd_spent=_n(usd))
 
+    # --- the account-wide in-flight cap -----------------------------------------------------
+    def lease_slots(self, want: int, in_use: int, capacity: int) -> int:
+        """How many requests this process may have in flight now, out of ``capacity`` for the whole ledger.
+
+        Every process records what it wants; each gets a fair share (``admission.fair_shares``), and
+        never more than the others leave free. A process above its share keeps the slots it uses and
+        gives them back as its requests finish (``held = max(in_use, limit)``), so the sum of what is
+        held never passes the capacity.
+        """
+        if time.monotonic() - self._last_dead_check > DEAD_OWNER_CHECK_S:
+            self.recover_dead_owners()
+        with self._tx() as cur:
+            rows = cur.execute("SELECT owner, want, held FROM slots WHERE owner != ?", (self.owner,)).fetchall()
+            wants = {o: w for o, w, _ in rows}
+            wants[self.owner] = want
+            share = fair_shares(wants, capacity)[self.owner]
+            limit = max(0, min(share, capacity - sum(h for _, _, h in rows)))
+            cur.execute("INSERT OR REPLACE INTO slots VALUES (?,?,?)", (self.owner, want, max(in_use, limit)))
+        return limit
+
     # --- crash recovery ---------------------------------------------------------------------
     @staticmethod
     def _alive(pid: int, create_time: float) -> bool:
@@ -244,22 +514,33 @@ class BudgetLedger:
             return False
 
     def recover_dead_owners(self) -> int:
-        """Turn the reservations of dead processes into worst-case spend; returns how many."""
-        owners = self._db.execute("SELECT owner, pid, create_time FROM owners").fetchall()
+        """Turn the reservations of dead processes into worst-case spend and free their slots; returns how many."""
+        self._last_dead_check = time.monotonic()
+        with self._lock:
+            owners = self._db.execute("SELECT owner, pid, create_time FROM owners").fetchall()
         dead = [o for o, pid, ct in owners if o != self.owner and not self._alive(pid, ct)]
         count = 0
         for owner in dead:
             with self._tx() as cur:
-                rows = cur.execute(
-                    "SELECT id, dataset, partition, prompt_id, usd, tokens FROM reservations WHERE owner = ?",
-                    (owner,),
-                ).fetchall()
-                for row in rows:
-                    res = Reservation(*row[:4], row[4] / NANO, row[5])
-                    self._move(cur, res, res.usd, 0, "orphan")
-                count += len(rows)
-                cur.execute("DELETE FROM owners WHERE owner = ?", (owner,))
+                count += self._orphan_owner(cur, owner)
         return count
+
+    def _orphan_owner(self, cur: sqlite3.Cursor, owner: str) -> int:
+        """Charge an owner's open reservations at their worst case and forget the owner."""
+        rows = cur.execute(
+            "SELECT id, dataset, partition, prompt_id, usd, tokens, seq, hard FROM reservations WHERE owner = ?",
+            (owner,),
+        ).fetchall()
+        touched = set()
+        for row in rows:
+            res = Reservation(*row[:4], row[4] / NANO, row[5], row[6], bool(row[7]))
+            self._move(cur, res, res.usd, 0, "orphan")
+            touched.add(res.dataset)
+        for dataset in touched:
+            self._refresh_lengths(cur, dataset)
+        cur.execute("DELETE FROM owners WHERE owner = ?", (owner,))
+        cur.execute("DELETE FROM slots WHERE owner = ?", (owner,))
+        return len(rows)
 
     def correct_orphans(self, partition: str, actual: Mapping[str, tuple[float, int]]) -> float:
         """Replace orphan worst-case spend by the journaled actual cost; returns dollars refunded."""
@@ -283,13 +564,6 @@ class BudgetLedger:
 
     def close(self) -> None:
         with self._tx() as cur:
-            rows = cur.execute(
-                "SELECT id, dataset, partition, prompt_id, usd, tokens FROM reservations WHERE owner = ?",
-                (self.owner,),
-            ).fetchall()
-            for row in rows:
-                # A clean close with open reservations means requests were abandoned: count them.
-                res = Reservation(*row[:4], row[4] / NANO, row[5])
-                self._move(cur, res, res.usd, 0, "orphan")
-            cur.execute("DELETE FROM owners WHERE owner = ?", (self.owner,))
+            # A clean close with open reservations means requests were abandoned: count them.
+            self._orphan_owner(cur, self.owner)
         self._db.close()

@@ -1,11 +1,15 @@
+import itertools
+import math
 import multiprocessing
 import os
+import random
 import signal
 import time
 
 import pytest
 
-from eagle_assets.generation.ledger import BudgetLedger, Settlement
+from eagle_assets.generation.admission import AdmissionPolicy
+from eagle_assets.generation.ledger import BudgetLedger, ReservationRequest, Settlement
 
 
 def test_reservation_respects_budget_and_settles(tmp_path):
@@ -109,3 +113,199 @@ def _grab(path, q):
             n += 1
     q.put(n)
     led.close()
+
+
+# --- statistical admission, token targets, the shared in-flight cap ------------------------------
+MAX_TOKENS = 1638
+PRICE = 2.8e-6  # dearest completion price, what a reservation assumes
+ACTUAL_PRICE = 2.0e-6  # what the cheapest provider bills
+PROMPT_USD = 5e-5
+WORST = PROMPT_USD + MAX_TOKENS * PRICE
+
+
+def _request(i: int, dataset: str = "B1") -> ReservationRequest:
+    return ReservationRequest(dataset, f"{dataset}/0", f"p{i}", WORST, MAX_TOKENS, PROMPT_USD, PRICE)
+
+
+def _answer_lengths(rng: random.Random):
+    mu = math.log(300) - 0.18
+    while True:
+        yield min(MAX_TOKENS, max(8, int(rng.lognormvariate(mu, 0.6))))
+
+
+def _spend_down(led: BudgetLedger, budget: float, wave: int, seed: int) -> list[tuple[float, int]]:
+    """Admit waves of up to ``wave`` requests and settle them until nothing fits: (spent before, admitted)."""
+    rng = random.Random(seed)
+    draw = _answer_lengths(rng)
+    waves, i = [], 0
+    while True:
+        before = led.totals().usd_spent
+        granted, _ = led.reserve_many([_request(i + k) for k in range(wave)], budget_usd=budget, token_budget=None)
+        i += wave
+        if not granted:
+            return waves
+        waves.append((before, len(granted)))
+        settlements = []
+        for r in granted:
+            x = next(draw)
+            settlements.append(Settlement(r, PROMPT_USD / 2 + x * ACTUAL_PRICE, x))
+        led.settle_many(settlements)
+        assert led.totals().usd_spent <= budget + 1e-9
+
+
+def test_statistical_admission_fills_the_budget_that_worst_case_leaves_idle(tmp_path):
+    budget = 8.0
+    stat = BudgetLedger(tmp_path / "stat.sqlite")
+    waves = _spend_down(stat, budget, wave=2000, seed=1)
+    hard = BudgetLedger(tmp_path / "hard.sqlite", policy=AdmissionPolicy(mode="hard"))
+    waves_hard = _spend_down(hard, budget, wave=2000, seed=1)
+    # The first wave knows nothing: both hold the worst case.
+    assert waves[0][1] == waves_hard[0][1] == int(budget // WORST)
+    # Hard mode never admits past the worst case of what is left ...
+    assert all(n * WORST <= budget - before + 1e-9 for before, n in waves_hard)
+    # ... so its waves shrink from the start, while statistical mode keeps 2000 in flight until the last
+    # quarter of the budget (2000 in flight hold ~$2 of it) and reaches 95% of it in half the waves (the wall
+    # time, at a fixed latency).
+    assert all(a[1] >= b[1] for a, b in itertools.pairwise(waves_hard)) and waves_hard[1][1] < waves_hard[0][1]
+    assert all(n == 2000 for before, n in waves[1:] if before < 0.7 * budget)
+
+    def waves_to(share, ws):
+        return next(i for i, (before, _) in enumerate(ws) if before >= share * budget)
+
+    assert 2 * waves_to(0.95, waves) < waves_to(0.95, waves_hard)
+    # Both stop within the budget; statistical mode spends nearly all of it.
+    for led in (stat, hard):
+        t = led.totals()
+        assert t.usd_spent <= budget and t.usd_reserved == 0 and t.in_flight == 0
+    assert stat.totals().usd_spent >= 0.98 * budget
+    stat.close()
+    hard.close()
+
+
+def test_min_grant_is_all_or_nothing(tmp_path):
+    led = BudgetLedger(tmp_path / "l.sqlite")
+    reqs = [("B1", "B1/0", f"p{i}", 0.30, 1) for i in range(5)]
+    g, d = led.reserve_many(reqs, budget_usd=1.0, token_budget=None, min_grant=4)
+    assert g == [] and d.reason == "usd" and d.fit == 3
+    assert led.totals().in_flight == 0
+    g, d = led.reserve_many(reqs, budget_usd=1.0, token_budget=None, min_grant=3)
+    assert len(g) == 3 and d.fit == 3
+    led.close()
+
+
+def test_account_cap_denies_as_credits(tmp_path):
+    led = BudgetLedger(tmp_path / "l.sqlite")
+    reqs = [("B1", "B1/0", f"p{i}", 0.30, 1) for i in range(5)]
+    g, d = led.reserve_many(reqs, budget_usd=100.0, token_budget=None, account_cap_usd=0.7)
+    assert len(g) == 2 and d.reason == "credits"
+    led.close()
+
+
+def test_token_target_admits_against_expected_lengths(tmp_path):
+    led = BudgetLedger(tmp_path / "l.sqlite")
+    budget = 400_000
+    rng = random.Random(3)
+    draw = _answer_lengths(rng)
+    first, d = led.reserve_many([_request(i) for i in range(2000)], budget_usd=1e6, token_budget=budget)
+    assert len(first) == budget // MAX_TOKENS and d.reason == "tokens"  # no answers yet: max_tokens each
+    led.settle_many([Settlement(r, 0.0, next(draw)) for r in first])
+    produced = led.totals("B1").tokens_spent
+    second, d = led.reserve_many([_request(10_000 + i) for i in range(2000)], budget_usd=1e6, token_budget=budget)
+    assert d.reason == "tokens"
+    mean = led.length_moments("B1").mean
+    # Admitted up to the expected target, far beyond what max_tokens would allow ...
+    assert len(second) > 3 * (budget - produced) // MAX_TOKENS
+    assert produced + len(second) * mean <= budget * 1.01
+    led.settle_many([Settlement(r, 0.0, next(draw)) for r in second])
+    # ... and the result stays within the overshoot tolerance.
+    assert led.totals("B1").tokens_spent <= budget * (1 + AdmissionPolicy().token_overshoot)
+    led.close()
+
+
+def test_statistics_wait_for_the_whole_cohort(tmp_path):
+    """Answers that came back while earlier admissions of the dataset still run are not used yet."""
+    led = BudgetLedger(tmp_path / "l.sqlite", policy=AdmissionPolicy(min_samples=10))
+    g, _ = led.reserve_many([_request(i) for i in range(300)], budget_usd=1e6, token_budget=None)
+    led.settle_many([Settlement(r, 0.0, 50) for r in g[100:]])  # later admissions answer first, short
+    assert led.length_moments("B1").n == 0
+    led.settle_many([Settlement(r, 0.0, 900) for r in g[3:100]])  # all but 3 of the first 100 (1% slack)
+    m = led.length_moments("B1")
+    assert m.n == 300 and m.mean == pytest.approx((200 * 50 + 97 * 900 + 3 * MAX_TOKENS) / 300)
+    led.settle_many([Settlement(r, 0.0, 900) for r in g[:3]])
+    assert led.length_moments("B1").mean == pytest.approx((200 * 50 + 100 * 900) / 300)
+    led.close()
+
+
+def test_an_older_ledger_file_is_migrated(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "old.sqlite"
+    db = sqlite3.connect(path)
+    db.executescript(
+        "CREATE TABLE reservations (id TEXT PRIMARY KEY, owner TEXT NOT NULL, dataset TEXT NOT NULL,"
+        " partition TEXT NOT NULL, prompt_id TEXT NOT NULL, usd INTEGER NOT NULL, tokens INTEGER NOT NULL,"
+        " created REAL NOT NULL);"
+        "CREATE TABLE totals (scope TEXT PRIMARY KEY, usd_spent INTEGER NOT NULL DEFAULT 0,"
+        " usd_reserved INTEGER NOT NULL DEFAULT 0, tokens_spent INTEGER NOT NULL DEFAULT 0,"
+        " tokens_reserved INTEGER NOT NULL DEFAULT 0, in_flight INTEGER NOT NULL DEFAULT 0);"
+        "INSERT INTO reservations VALUES ('r1', 'gone-owner', 'B1', 'B1/0', 'p', 2000000000, 10, 0);"
+        "INSERT INTO totals VALUES ('global', 0, 2000000000, 0, 10, 1), ('dataset:B1', 0, 2000000000, 0, 10, 1);"
+    )
+    db.commit()
+    db.close()
+    led = BudgetLedger(path)
+    assert led.open_held_usd() == pytest.approx(2.0)  # an old open reservation holds its worst case
+    g, d = led.reserve_many([("B1", "B1/0", "q", 2.5, 10)], budget_usd=4.0, token_budget=None)
+    assert not g and d.reason == "usd"
+    led.close()
+
+
+def _slot_worker(path, conn):
+    led = BudgetLedger(path)
+    while True:
+        msg = conn.recv()
+        if msg is None:
+            break
+        want, in_use, capacity = msg
+        conn.send(led.lease_slots(want, in_use, capacity))
+    led.close()
+    conn.send("closed")
+
+
+def test_two_processes_share_one_in_flight_cap(tmp_path):
+    path = tmp_path / "l.sqlite"
+    ctx = multiprocessing.get_context("spawn")
+    pipes, procs = [], []
+    for _ in range(2):
+        parent, child = ctx.Pipe()
+        p = ctx.Process(target=_slot_worker, args=(path, child))
+        p.start()
+        pipes.append(parent)
+        procs.append(p)
+    a, b = pipes
+
+    def lease(conn, want, in_use):
+        conn.send((want, in_use, 100))
+        return conn.recv()
+
+    try:
+        assert lease(a, 500, 0) == 100  # alone: the whole cap
+        assert lease(b, 500, 0) == 0  # a holds all of it
+        assert lease(a, 500, 100) == 50  # two want more than half: a's share falls to 50 ...
+        assert lease(b, 500, 0) == 0  # ... but a still has 100 running: nothing is free yet
+        assert lease(a, 500, 40) == 50  # a's requests finish: it keeps its share, gives back the rest
+        assert lease(b, 500, 0) == 50
+        assert lease(b, 20, 20) == 20 and lease(a, 500, 50) == 80  # b needs less: a gets the rest
+        procs[1].kill()
+        procs[1].join()
+        # A dead process's slots come back once its owner is found dead (checked every few seconds).
+        led = BudgetLedger(path)
+        led.recover_dead_owners()
+        led.close()
+        assert lease(a, 500, 80) == 100
+    finally:
+        for conn, p in zip(pipes, procs, strict=True):
+            if p.is_alive():
+                conn.send(None)
+                assert conn.recv() == "closed"
+            p.join(10)
