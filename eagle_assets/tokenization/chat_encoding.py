@@ -1,32 +1,61 @@
-"""Token-exact encoding of a rendered chat: template specials become ids, data text never does.
+"""Token ids of a rendered Kimi chat, with a choice of what special-token text in the data becomes.
 
-Encoding the rendered string with every special allowed would turn a user's (or the model's)
-literal ``<|im_end|>`` into the end-of-turn id; encoding it ordinarily would break the template's
-own markers. Splitting the string at data boundaries instead is not exact either: tiktoken runs its
-regex pre-tokenizer over each special-free stretch, so the text around a boundary (``"## Return of "``
-then the tool id, ``"\\n"`` then content) would tokenize differently.
+The chat is rendered as the real tokenizer's ``apply_chat_template`` renders it (the tools
+deep-sorted and declared in TypeScript, see :mod:`eagle_assets.tokenization.tool_declaration`),
+then cut into ordinary pieces and special ids (:mod:`eagle_assets.tokenization.segments`). What a
+literal ``<|im_end|>``, ``<think>`` or ``[EOS]`` typed into a message or a tool becomes is the
+``data_specials`` choice:
 
-So the rendered string is cut only at special tokens, exactly as ``encode(allowed_special="all")``
-cuts it, and a special-token match is skipped when it overlaps text that came from the data. Data
-strings are located by rendering a copy in which each string that *could* contribute to a special
-(it contains a first or last character of one, e.g. ``<``/``>``/``[``/``]``) is wrapped in two Unicode
-noncharacters. That copy is checked against the plain render (it must be identical once the
-markers are removed), so a template that transforms data (slicing, escaping) fails loudly instead of
-silently mis-tokenizing. Chats whose data contains none of those characters (most of them) skip the
-second render and are, by construction, ``encode_with_special(render_chat(...))``.
+- ``"special"`` (the default): its special id. This is what vLLM and SGLang do: they tokenize the
+  rendered prompt with every special allowed, so the target saw the id, and its hidden states and
+  the draft must be computed on it.
+- ``"ordinary"``: ordinary text, for data sent to a server that sanitizes such text itself. Encoding
+  the rendered string ordinarily would break the template's own markers, and splitting it at data
+  boundaries would not be exact either (tiktoken pre-tokenizes each special-free stretch as a whole,
+  so ``"## Return of "`` then the tool id, ``"\\n"`` then content must stay one stretch). So the
+  string is cut only at special tokens, exactly as ``encode(allowed_special="all")`` cuts it, and a
+  match is skipped when it overlaps text that came from the data. Data strings are located by
+  rendering a copy in which each string that *could* contribute to a special (it contains a first
+  or last character of one, e.g. ``<``/``>``/``[``/``]``) is wrapped in two Unicode noncharacters.
+  That copy is checked against the plain render (identical once the markers are removed), so a
+  template that transforms data (slicing, escaping) fails loudly instead of silently mis-tokenizing.
+  Chats whose data holds none of those characters skip the second render.
+
+Both choices give the same ids when no data string contains special-token text.
 """
 
-import bisect
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 from eagle_assets.tokenization.chat_template import Message, normalize_messages, render_normalized
 from eagle_assets.tokenization.kimi_tokenizer import KimiTokenizer
+from eagle_assets.tokenization.segments import (
+    Segment,
+    chunk_ordinary,
+    encode_segments,
+    serving_segments,
+    specials_of,
+    split_at_specials,
+)
+from eagle_assets.tokenization.tool_declaration import declare_tools
 
-Segment = str | int
-"""A piece of an encoded chat: ``str`` is ordinary text (encode with ``encode_ordinary``), ``int`` a special id."""
+__all__ = [
+    "DATA_SPECIALS",
+    "ChatEncodingError",
+    "DataSpecials",
+    "Segment",
+    "chat_segments",
+    "check_data_specials",
+    "encode_chat",
+    "encode_segments",
+    "render_kimi_chat",
+    "split_at_specials",
+]
+
+DataSpecials = Literal["special", "ordinary"]
+"""What special-token text inside messages and tools becomes: its id (as served) or ordinary text."""
+DATA_SPECIALS: tuple[str, ...] = get_args(DataSpecials)
 
 # Values the template compares against literals ("role" == "user", content "type" == "text"); marking
 # them would break those comparisons, and they never carry free text.
@@ -37,55 +66,6 @@ _MARKER_PAIRS = tuple((chr(0xFDD0 + 2 * i), chr(0xFDD1 + 2 * i)) for i in range(
 
 class ChatEncodingError(ValueError):
     """The template changed data text, so data specials could not be told apart from template specials."""
-
-
-@dataclass(frozen=True)
-class _Specials:
-    pattern: re.Pattern[str]
-    ids: dict[str, int]
-    edge_chars: re.Pattern[str]
-
-
-def _trie_pattern(words: Sequence[str]) -> str:
-    """One regex for a set of literals, factored by common prefix.
-
-    A flat 256-way alternation makes Python's ``re`` try every branch at each ``<``; the trie form
-    fails on the first differing character (about 13x faster on prompts). No Kimi special is a
-    prefix of another, so at any position at most one can match: the same cut points as tiktoken.
-    """
-    trie: dict[str, dict] = {}
-    for w in words:
-        node = trie
-        for ch in w:
-            node = node.setdefault(ch, {})
-        node[""] = {}
-
-    def emit(node: dict[str, dict]) -> str:
-        alts = [re.escape(ch) + emit(child) for ch, child in sorted(node.items()) if ch]
-        if not alts:
-            return ""
-        body = "(?:" + "|".join(alts) + ")" if len(alts) > 1 else alts[0]
-        return f"(?:{body})?" if "" in node else body
-
-    return emit(trie)
-
-
-_SPECIALS_CACHE: dict[int, tuple[KimiTokenizer, _Specials]] = {}
-
-
-def _specials(tokenizer: KimiTokenizer) -> _Specials:
-    cached = _SPECIALS_CACHE.get(id(tokenizer))
-    if cached is not None and cached[0] is tokenizer:
-        return cached[1]
-    names = list(tokenizer.special_tokens)
-    edges = sorted({n[0] for n in names} | {n[-1] for n in names})
-    value = _Specials(
-        pattern=re.compile(_trie_pattern(names)),
-        ids=dict(tokenizer.special_tokens),
-        edge_chars=re.compile("[" + "".join(map(re.escape, edges)) + "]"),
-    )
-    _SPECIALS_CACHE[id(tokenizer)] = (tokenizer, value)
-    return value
 
 
 class _Marker:
@@ -153,34 +133,31 @@ def _unmark(marked: str, open_: str, close: str) -> tuple[str, list[tuple[int, i
     return "".join(parts), spans
 
 
-def split_at_specials(tokenizer: KimiTokenizer, text: str, data_spans: Sequence[tuple[int, int]] = ()) -> list[Segment]:
-    """Cut ``text`` where ``encode(allowed_special="all")`` would, except at matches overlapping ``data_spans``."""
-    sp = _specials(tokenizer)
-    starts = [s for s, _ in data_spans]
-    out: list[Segment] = []
-    pos = 0
-    for m in sp.pattern.finditer(text):
-        a, b = m.span()
-        i = bisect.bisect_left(starts, b) - 1
-        if i >= 0 and data_spans[i][1] > a:
-            continue  # this special-looking text is (partly) data: it stays ordinary
-        if a > pos:
-            out.append(text[pos:a])
-        out.append(sp.ids[m.group()])
-        pos = b
-    if pos < len(text):
-        out.append(text[pos:])
-    return out
+def check_data_specials(value: str) -> DataSpecials:
+    """``value`` if it names a ``DataSpecials`` choice; a typo must not silently pick the other one."""
+    if value not in DATA_SPECIALS:
+        raise ValueError(f"data_specials must be one of {DATA_SPECIALS}, got {value!r}")
+    return value  # type: ignore[return-value]
 
 
-def encode_segments(tokenizer: KimiTokenizer, segments: Sequence[Segment]) -> list[int]:
-    ids: list[int] = []
-    for seg in segments:
-        if isinstance(seg, int):
-            ids.append(seg)
-        else:
-            ids.extend(tokenizer.encode_ordinary(seg))
-    return ids
+def _kimi_inputs(
+    messages: Sequence[Message], tools: Sequence[Any] | None, kwargs: Mapping[str, Any]
+) -> tuple[list[dict[str, Any]], list[Any] | None, dict[str, Any]]:
+    """Messages, tools and template variables as the real tokenizer's ``apply_chat_template`` passes them."""
+    declaration = declare_tools(tools)
+    return normalize_messages(messages), declaration.tools, {**kwargs, **declaration.template_kwargs()}
+
+
+def render_kimi_chat(
+    template: str,
+    messages: Sequence[Message],
+    tools: Sequence[Any] | None = None,
+    add_generation_prompt: bool = False,
+    **kwargs: Any,
+) -> str:
+    """The text the serving stack tokenizes: HF rendering of the tools' TypeScript declaration and the chat."""
+    normalized, declared, variables = _kimi_inputs(messages, tools, kwargs)
+    return render_normalized(template, normalized, declared, add_generation_prompt, variables)
 
 
 def chat_segments(
@@ -191,38 +168,43 @@ def chat_segments(
     *,
     chat_template: str | None = None,
     template_vars: Mapping[str, Any] | None = None,
+    data_specials: DataSpecials = "special",
     **kwargs: Any,
 ) -> list[Segment]:
     """The rendered chat as ordinary-text pieces and special ids (see module docstring).
 
-    ``kwargs`` are template variables treated as data (e.g. ``tools_ts_str``); ``template_vars`` are
-    trusted ones whose specials count as the template's (e.g. ``bos_token``).
+    ``kwargs`` are template variables treated as data (like ``tools_ts_str``, which is set from
+    ``tools`` when they convert); ``template_vars`` are trusted ones whose specials count as the
+    template's (e.g. ``bos_token``).
     """
+    check_data_specials(data_specials)
     template = chat_template or tokenizer.chat_template
     if template is None:
         raise ValueError("the tokenizer has no chat template; pass chat_template=")
-    normalized = normalize_messages(messages)
+    normalized, declared, variables = _kimi_inputs(messages, tools, kwargs)
     trusted = dict(template_vars or {})
-    sp = _specials(tokenizer)
+    plain = render_normalized(template, normalized, declared, add_generation_prompt, {**variables, **trusted})
+    if data_specials == "special":
+        return serving_segments(tokenizer, plain)
+    sp = specials_of(tokenizer)
     for open_, close in _MARKER_PAIRS:
         marker = _Marker(sp.edge_chars, open_, close)
         marked_messages = marker.value(normalized)
-        marked_tools = None if tools is None else marker.value(list(tools))
-        marked_kwargs = marker.value(kwargs)
+        marked_tools = None if declared is None else marker.value(declared)
+        marked_variables = marker.value(variables)
         if not marker.collision:
             break
     else:
         raise ChatEncodingError("the data contains every candidate marker character")
-    plain = render_normalized(template, normalized, tools, add_generation_prompt, {**kwargs, **trusted})
     if not marker.marked:
-        return split_at_specials(tokenizer, plain)
+        return chunk_ordinary(split_at_specials(tokenizer, plain))
     marked = render_normalized(
-        template, marked_messages, marked_tools, add_generation_prompt, {**marked_kwargs, **trusted}
+        template, marked_messages, marked_tools, add_generation_prompt, {**marked_variables, **trusted}
     )
     clean, spans = _unmark(marked, marker.open, marker.close)
     if clean != plain:
         raise ChatEncodingError("the chat template transforms data text; cannot locate data specials exactly")
-    return split_at_specials(tokenizer, clean, spans)
+    return chunk_ordinary(split_at_specials(tokenizer, clean, spans))
 
 
 def encode_chat(
@@ -233,9 +215,11 @@ def encode_chat(
     *,
     chat_template: str | None = None,
     template_vars: Mapping[str, Any] | None = None,
+    data_specials: DataSpecials = "special",
     **kwargs: Any,
 ) -> list[int]:
-    """Token ids of the rendered chat; equals ``encode_with_special(render_chat(...))`` unless data holds specials."""
+    """Token ids of the rendered chat (see ``chat_segments``); with the default ``data_specials`` they are
+    what the serving stack's tokenizer produces for ``render_kimi_chat(...)``."""
     segments = chat_segments(
         tokenizer,
         messages,
@@ -243,6 +227,7 @@ def encode_chat(
         add_generation_prompt,
         chat_template=chat_template,
         template_vars=template_vars,
+        data_specials=data_specials,
         **kwargs,
     )
     return encode_segments(tokenizer, segments)

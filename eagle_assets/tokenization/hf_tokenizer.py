@@ -10,10 +10,12 @@ Two deliberate differences from a stock slow tokenizer:
 
 - ``tokenize``/``decode`` call tiktoken directly instead of HF's Python trie split (identical
   output: both split at the same special tokens; far faster on long texts).
-- ``apply_chat_template(tokenize=True)`` encodes through :func:`encode_chat`, so special-looking
-  text inside messages stays ordinary text (like HF's ``sanitize_control_tokens=True``, but without
-  its re-split of the neighbouring text, which changes BPE merges). ``tokenize=False`` renders with
-  the same HF semantics as the base class.
+- ``apply_chat_template`` does what the release's does before rendering (tools deep-sorted and
+  declared in TypeScript, see :mod:`eagle_assets.tokenization.tool_declaration`), and with
+  ``tokenize=True`` encodes through :func:`encode_chat`: special-token text inside messages becomes
+  its special id, as on the serving path, unless ``data_specials="ordinary"`` (or
+  ``sanitize_control_tokens=True``) keeps it ordinary text, without HF's re-split of the
+  neighbouring text, which changes BPE merges.
 
 ``eos_token`` is the release config's (``[EOS]``); the end of an assistant turn, and what the model
 stops on, is ``<|im_end|>`` (``KimiTokenizer.eos_id``). Pass ``eos_token="<|im_end|>"`` to change it.
@@ -28,10 +30,10 @@ from typing import Any
 from transformers import BatchEncoding, PreTrainedTokenizer
 from transformers.tokenization_utils_base import AddedToken
 
-from eagle_assets.tokenization.chat_encoding import encode_chat
-from eagle_assets.tokenization.chat_template import render_chat
+from eagle_assets.tokenization.chat_encoding import DataSpecials, encode_chat, render_kimi_chat
 from eagle_assets.tokenization.kimi_tokenizer import KimiTokenizer, load_kimi_tokenizer
 from eagle_assets.tokenization.tokenizer_source import resolve_tokenizer_dir
+from eagle_assets.tokenization.tool_declaration import declare_tools
 
 
 @lru_cache(maxsize=1)
@@ -162,13 +164,17 @@ class KimiHFTokenizer(PreTrainedTokenizer):
         tokenizer_kwargs: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> Any:
-        """HF's signature and return shapes; data specials stay text (see module docstring)."""
-        kwargs.pop("sanitize_control_tokens", None)
+        """HF's signature and return shapes, the release tokenizer's tool handling (see module docstring)."""
+        data_specials: DataSpecials = kwargs.pop("data_specials", "special")
+        if kwargs.pop("sanitize_control_tokens", False):
+            data_specials = "ordinary"
         if continue_final_message or return_assistant_tokens_mask or documents:
-            # Rare HF features our encoder does not model: HF's own behaviour, which encodes data specials as ids.
+            # Rare HF features our encoder does not model: HF's own encoding (data specials become ids),
+            # with the release's tool declaration.
+            declaration = declare_tools(tools)
             return super().apply_chat_template(
                 conversation,
-                tools=tools,
+                tools=declaration.tools,
                 documents=documents,
                 chat_template=chat_template,
                 add_generation_prompt=add_generation_prompt,
@@ -181,7 +187,7 @@ class KimiHFTokenizer(PreTrainedTokenizer):
                 return_dict=return_dict,
                 return_assistant_tokens_mask=return_assistant_tokens_mask,
                 tokenizer_kwargs=tokenizer_kwargs,
-                **kwargs,
+                **{**kwargs, **declaration.template_kwargs()},
             )
         template = self.get_chat_template(chat_template, tools)
         batched = _is_batch(conversation)
@@ -190,11 +196,19 @@ class KimiHFTokenizer(PreTrainedTokenizer):
             raise ValueError("Cannot apply chat template to an empty conversation. Provide at least one message.")
         specials = {k: str(v) for k, v in self.special_tokens_map.items() if isinstance(v, str | AddedToken)}
         if not tokenize:
-            texts = [render_chat(template, c, tools, add_generation_prompt, **{**specials, **kwargs}) for c in chats]
+            variables = {**specials, **kwargs}
+            texts = [render_kimi_chat(template, c, tools, add_generation_prompt, **variables) for c in chats]
             return texts if batched else texts[0]
         ids = [
             encode_chat(
-                self.kimi, c, tools, add_generation_prompt, chat_template=template, template_vars=specials, **kwargs
+                self.kimi,
+                c,
+                tools,
+                add_generation_prompt,
+                chat_template=template,
+                template_vars=specials,
+                data_specials=data_specials,
+                **kwargs,
             )
             for c in chats
         ]

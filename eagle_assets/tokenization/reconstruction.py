@@ -1,8 +1,10 @@
 """Rebuild the exact token ids of a generated sample from the API's text fields.
 
 The API returns text (``reasoning``, ``content``, ``tool_calls``), not the ids the target produced,
-so the sample is rebuilt as the target saw it: the prompt rendered with the generation prompt
-(history reasoning dropped, as serving renders it), then the response appended piece by piece:
+so the sample is rebuilt as the target saw it: the prompt rendered and tokenized as the serving
+stack does it (K2.5 template with the generation prompt, history reasoning dropped, tools declared
+in TypeScript, special-token text in the data as special ids unless ``data_specials="ordinary"``),
+then the response appended piece by piece:
 
     encode_ordinary(reasoning) + </think> + encode_ordinary(content)
     + <|tool_calls_section_begin|> (<|tool_call_begin|> id <|tool_call_argument_begin|> args <|tool_call_end|>)*
@@ -11,9 +13,10 @@ so the sample is rebuilt as the target saw it: the prompt rendered with the gene
 Every piece boundary is a special token, and tiktoken pre-tokenizes each special-free stretch on
 its own, so encoding the pieces separately is identical to encoding the rendered assistant turn
 (the tests check this against the template). Text the model wrote stays ordinary even when it
-looks like a special token. ``finish_reason == "length"`` (or any reason other than a natural
-stop, see ``ENDED_FINISH_REASONS``) means the model never emitted ``<|im_end|>`` (nor ``</think>``
-when it was cut off while reasoning).
+looks like a special token: the model generated ordinary tokens there, whatever the prompt mode.
+``finish_reason == "length"`` (or any reason other than a natural stop, see
+``ENDED_FINISH_REASONS``) means the model never emitted ``<|im_end|>`` (nor ``</think>`` when it
+was cut off while reasoning).
 
 Limits that no text API can lift: the ids are the canonical BPE encoding of the returned text, so
 a sampled non-canonical split, or whitespace a provider stripped, is not recovered.
@@ -27,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from eagle_assets.tokenization.chat_encoding import Segment, chat_segments
+from eagle_assets.tokenization.chat_encoding import DataSpecials, Segment, chat_segments, encode_segments
 from eagle_assets.tokenization.kimi_tokenizer import KimiTokenizer, load_kimi_tokenizer
 from eagle_assets.tokenization.toolcall_text import (
     ARGUMENT_BEGIN,
@@ -232,15 +235,29 @@ def assistant_message(record: Any, *, normalize_tool_call_ids: bool = True) -> d
     return msg
 
 
-def prompt_segments(tokenizer: KimiTokenizer, record: Any) -> list[Segment]:
+def prompt_segments(tokenizer: KimiTokenizer, record: Any, *, data_specials: DataSpecials = "special") -> list[Segment]:
     """The prompt exactly as the target received it: rendered with the generation prompt."""
     return chat_segments(
         tokenizer,
         _get(record, "messages") or [],
         _get(record, "tools") or None,
         add_generation_prompt=True,
+        data_specials=data_specials,
         **_template_kwargs(record),
     )
+
+
+def prompt_token_ids(
+    tokenizer: KimiTokenizer,
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Any] | None,
+    *,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
+    data_specials: DataSpecials = "special",
+) -> list[int]:
+    """The prompt ids of a request; ``len`` of it is what the serving stack bills as ``prompt_tokens``."""
+    record = {"messages": messages, "tools": tools, "chat_template_kwargs": chat_template_kwargs}
+    return encode_segments(tokenizer, prompt_segments(tokenizer, record, data_specials=data_specials))
 
 
 def _assemble(
@@ -267,16 +284,30 @@ def _assemble(
 
 
 def reconstruct(
-    record: Any, tokenizer: KimiTokenizer | None = None, *, normalize_tool_call_ids: bool = True
+    record: Any,
+    tokenizer: KimiTokenizer | None = None,
+    *,
+    normalize_tool_call_ids: bool = True,
+    data_specials: DataSpecials = "special",
 ) -> Reconstruction:
-    """One sample's ids and loss mask; ``completion_len`` is comparable to ``usage.completion_tokens``."""
+    """One sample's ids and loss mask; ``completion_len`` is comparable to ``usage.completion_tokens``,
+    ``prompt_len`` to ``usage.prompt_tokens``."""
     tok = tokenizer or load_kimi_tokenizer()
-    prompt = prompt_segments(tok, record)
+    prompt = prompt_segments(tok, record, data_specials=data_specials)
     response = response_segments(tok, record, normalize_tool_call_ids=normalize_tool_call_ids)
     return _assemble(prompt, response, tok.encoding.encode_ordinary)
 
 
 def _encode_texts(tokenizer: KimiTokenizer, texts: list[str], num_threads: int) -> list[list[int]]:
+    """Encode many texts, each distinct text once (system prompts and tool declarations repeat across a
+    dataset); the returned lists may be shared, so callers copy from them."""
+    index: dict[str, int] = {}
+    slots = [index.setdefault(t, len(index)) for t in texts]
+    encoded = _encode_distinct(tokenizer, list(index), num_threads)
+    return [encoded[i] for i in slots]
+
+
+def _encode_distinct(tokenizer: KimiTokenizer, texts: list[str], num_threads: int) -> list[list[int]]:
     """Encode many texts; threads only pay off when there is enough text per thread (tiktoken drops the GIL)."""
     enc = tokenizer.encoding.encode_ordinary
     total = sum(map(len, texts))
@@ -307,6 +338,7 @@ def reconstruct_batch(
     *,
     num_threads: int | None = None,
     normalize_tool_call_ids: bool = True,
+    data_specials: DataSpecials = "special",
 ) -> list[Reconstruction]:
     """``[reconstruct(r) for r in records]``, with all ordinary text encoded in one threaded pass."""
     gc_was_enabled = gc.isenabled()
@@ -314,21 +346,25 @@ def reconstruct_batch(
     # them (measured: up to ~1.5x slower); nothing here creates reference cycles.
     gc.disable()
     try:
-        return _reconstruct_batch(records, tokenizer, num_threads, normalize_tool_call_ids)
+        return _reconstruct_batch(records, tokenizer, num_threads, normalize_tool_call_ids, data_specials)
     finally:
         if gc_was_enabled:
             gc.enable()
 
 
 def _reconstruct_batch(
-    records: Sequence[Any], tokenizer: KimiTokenizer | None, num_threads: int | None, normalize_tool_call_ids: bool
+    records: Sequence[Any],
+    tokenizer: KimiTokenizer | None,
+    num_threads: int | None,
+    normalize_tool_call_ids: bool,
+    data_specials: DataSpecials,
 ) -> list[Reconstruction]:
     tok = tokenizer or load_kimi_tokenizer()
     threads = num_threads if num_threads is not None else min(4, os.cpu_count() or 1)
     plans: list[tuple[list[Segment], list[Segment]]] = []
     texts: list[str] = []
     for record in records:
-        prompt = prompt_segments(tok, record)
+        prompt = prompt_segments(tok, record, data_specials=data_specials)
         response = response_segments(tok, record, normalize_tool_call_ids=normalize_tool_call_ids)
         plans.append((prompt, response))
         texts.extend(s for s in prompt if isinstance(s, str))

@@ -97,7 +97,7 @@ def tools_strategy(specials: bool = False) -> st.SearchStrategy[list[dict[str, A
         texts(specials, 4),
         texts(specials, 3),
     )
-    return st.one_of(st.none(), st.lists(tool, min_size=1, max_size=2))
+    return st.one_of(st.none(), st.lists(tool, min_size=1, max_size=2), tool_lists(specials))
 
 
 def arguments(specials: bool = False) -> st.SearchStrategy[Any]:
@@ -218,3 +218,192 @@ def has_special_text(obj: Any, pattern: re.Pattern[str]) -> bool:
     if isinstance(obj, list):
         return any(has_special_text(v, pattern) for v in obj)
     return False
+
+
+# --------------------------------------------------------------------------------------------
+# JSON-schema tool lists, for the TypeScript tool declaration
+
+_PROP_NAMES = ("city", "unit", "q", "top_k", "a", "b", "Z", "城市", "_x", "tags", "user-id")
+_DEF_NAMES = ("Point", "Node", "Addr", "X")
+_SCALARS = ("string", "number", "integer", "boolean", "null")
+
+
+def _descriptions(specials: bool) -> st.SearchStrategy[str]:
+    lines = st.one_of(texts(specials, 3), st.sampled_from(["", "Line one", "  indented", "a\tb", "ünïcödé 天气"]))
+    return st.lists(lines, min_size=1, max_size=3).map("\n".join)
+
+
+def _json_values(max_leaves: int = 4) -> st.SearchStrategy[Any]:
+    leaf = st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(-(10**6), 10**6),
+        st.floats(allow_nan=False, allow_infinity=False, width=32),
+        st.text(_chars, max_size=6),
+    )
+    return st.recursive(
+        leaf,
+        lambda kids: st.one_of(
+            st.lists(kids, max_size=3), st.dictionaries(st.text(_chars, max_size=4), kids, max_size=3)
+        ),
+        max_leaves=max_leaves,
+    )
+
+
+@st.composite
+def _annotate(draw: st.DrawFn, schema: dict[str, Any], specials: bool, odd: bool) -> dict[str, Any]:
+    """Description, default, constraints and the keywords upstream ignores (format, nullable, title)."""
+    if draw(st.integers(0, 2)) == 0:
+        schema["description"] = draw(_descriptions(specials))
+    if draw(st.integers(0, 3)) == 0:
+        schema["default"] = draw(_json_values())
+    for key in draw(st.sets(st.sampled_from(["maxLength", "minLength", "pattern", "maximum", "minimum"]), max_size=2)):
+        schema[key] = draw(st.one_of(st.integers(0, 100), st.just("^[a-z]+$"), st.floats(0, 1, width=16)))
+    for key in draw(st.sets(st.sampled_from(["format", "nullable", "title", "examples"]), max_size=2)):
+        schema[key] = draw(st.sampled_from(["uri", True, "Title", ["e"]]))
+    if odd and draw(st.integers(0, 9)) == 0:
+        schema["description"] = draw(st.sampled_from([5, ["x"], True, {"d": 1}]))
+    return schema
+
+
+@st.composite
+def _scalar_schema(draw: st.DrawFn, specials: bool, odd: bool) -> Any:
+    kind = draw(st.integers(0, 9))
+    if kind <= 4:
+        schema: dict[str, Any] = {"type": draw(st.sampled_from(_SCALARS))}
+    elif kind == 5:
+        values = draw(
+            st.lists(st.one_of(st.text(_chars, max_size=5), st.integers(-3, 3), st.none(), st.booleans()), max_size=4)
+        )
+        schema = {"enum": values}
+        if draw(st.booleans()):
+            schema["type"] = draw(
+                st.sampled_from(["string", "integer", "number", "boolean", ["string", "null"], ["integer"], "object"])
+            )
+    elif kind == 6:
+        types = draw(st.lists(st.sampled_from([*_SCALARS, "object", "array"]), min_size=1, max_size=3, unique=True))
+        schema = {"type": types}
+    elif kind == 7:
+        schema = {"const": draw(_json_values(2))}  # upstream has no const: the whole list falls back to JSON
+    elif kind == 8:
+        return draw(st.sampled_from([{}, True, False]))
+    else:
+        schema = {"type": draw(st.sampled_from(["string", "integer"]))}
+        if odd:
+            schema = draw(
+                st.sampled_from(
+                    [
+                        {"type": 5},
+                        {"type": ["string", "uuid"]},
+                        {"enum": "abc"},
+                        {"enum": 3},
+                        {"enum": [1, "a"], "type": "integer"},
+                        {"enum": [1], "type": ["integer", "string", "null"]},
+                        {"nullable": True},
+                        "string",
+                        None,
+                    ]
+                )
+            )
+            if not isinstance(schema, dict):
+                return schema
+            schema = dict(schema)
+    return draw(_annotate(schema, specials, odd))
+
+
+@st.composite
+def json_schemas(draw: st.DrawFn, depth: int = 2, specials: bool = False, odd: bool = False) -> Any:
+    """A JSON schema for one value: what tool authors write, plus (``odd``) shapes upstream rejects."""
+    if depth <= 0:
+        return draw(_scalar_schema(specials, odd))
+    kind = draw(st.integers(0, 9))
+    child = json_schemas(depth - 1, specials, odd)
+    if kind <= 3:
+        return draw(_scalar_schema(specials, odd))
+    if kind <= 5:
+        return draw(object_schemas(depth - 1, specials, odd))
+    if kind == 6:
+        schema: dict[str, Any] = {"type": "array"}
+        if draw(st.integers(0, 3)):
+            schema["items"] = draw(st.one_of(child, st.just({})))
+        for key in draw(st.sets(st.sampled_from(["minItems", "maxItems"]), max_size=2)):
+            schema[key] = draw(st.integers(0, 5))
+        return draw(_annotate(schema, specials, odd))
+    if kind == 7:
+        word = draw(st.sampled_from(["anyOf", "anyOf", "oneOf", "allOf"]))
+        return draw(_annotate({word: draw(st.lists(child, max_size=3))}, specials, odd))
+    if kind == 8:
+        ref = draw(st.sampled_from([f"#/$defs/{n}" for n in _DEF_NAMES] + ["#", "#/definitions/X", "#/$defs/Missing"]))
+        return draw(_annotate({"$ref": ref}, specials, odd))
+    return draw(object_schemas(depth - 1, specials, odd))
+
+
+@st.composite
+def object_schemas(draw: st.DrawFn, depth: int = 2, specials: bool = False, odd: bool = False) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "object"}
+    names = draw(st.lists(st.sampled_from(_PROP_NAMES), max_size=4, unique=True))
+    if names or draw(st.booleans()):
+        schema["properties"] = {name: draw(json_schemas(depth, specials, odd)) for name in names}
+    required = [n for n in names if draw(st.booleans())]
+    if draw(st.integers(0, 5)) == 0:
+        required.append("not_a_property")
+    if required or draw(st.integers(0, 3)) == 0:
+        schema["required"] = required
+    extra = draw(st.integers(0, 5))
+    if extra == 0:
+        schema["additionalProperties"] = draw(st.booleans())
+    elif extra == 1:
+        schema["additionalProperties"] = draw(json_schemas(max(depth - 1, 0), specials, odd))
+    if draw(st.integers(0, 4)) == 0:
+        defs = draw(st.lists(st.sampled_from(_DEF_NAMES), min_size=1, max_size=2, unique=True))
+        schema["$defs"] = {name: draw(object_schemas(max(depth - 1, 0), specials, odd)) for name in defs}
+    if odd and draw(st.integers(0, 9)) == 0:
+        schema.update(
+            draw(
+                st.sampled_from(
+                    [
+                        {"required": None},
+                        {"required": "ab"},
+                        {"properties": []},
+                        {"additionalProperties": "yes"},
+                        {"additionalProperties": None},
+                        {"$defs": {"Point": True}},
+                        {"$defs": []},
+                    ]
+                )
+            )
+        )
+    return draw(_annotate(schema, specials, odd))
+
+
+@st.composite
+def tool_lists(draw: st.DrawFn, specials: bool = False, odd: bool = False) -> list[dict[str, Any]]:
+    """OpenAI-style tool lists with arbitrary parameter schemas (and, rarely, a non-function tool)."""
+    tools: list[dict[str, Any]] = []
+    for _ in range(draw(st.integers(1, 3))):
+        if draw(st.integers(0, 9)) == 0:
+            tools.append({"type": "retrieval", "retrieval": {"id": "kb"}})
+            continue
+        function: dict[str, Any] = {"name": draw(st.one_of(_names(), st.just("weird name")))}
+        if draw(st.integers(0, 3)):
+            function["description"] = draw(_descriptions(specials))
+        params = draw(st.integers(0, 9))
+        if params == 0:
+            function["parameters"] = draw(st.sampled_from([{}, None, {"type": "object", "properties": {}}]))
+        elif params == 1 and odd:
+            function["parameters"] = draw(st.sampled_from([[], "x", {"type": "object", "properties": {"a": 1}}]))
+        else:
+            function["parameters"] = draw(object_schemas(2, specials, odd))
+        tools.append({"type": "function", "function": function})
+    return tools
+
+
+@st.composite
+def shuffled_keys(draw: st.DrawFn, obj: Any) -> Any:
+    """The same JSON value with every dict's keys in a drawn order (lists keep theirs)."""
+    if isinstance(obj, dict):
+        keys = draw(st.permutations(list(obj)))
+        return {k: draw(shuffled_keys(obj[k])) for k in keys}
+    if isinstance(obj, list):
+        return [draw(shuffled_keys(v)) for v in obj]
+    return obj

@@ -97,19 +97,25 @@ def test_kimi_quirks(tok):
     # ``name`` replaces the role in the header.
     out = render_chat(t, [{"role": "user", "name": "alice", "content": "hi"}])
     assert out.startswith("<|im_user|>alice<|im_middle|>")
-    # Reasoning of a finished history turn is dropped unless preserve_thinking.
+    # K2.5: reasoning of every turn up to the last plain assistant turn is dropped; there is no
+    # preserve_thinking switch (a later revision's), so passing it changes nothing.
     convo = [
         {"role": "user", "content": "q"},
-        {"role": "assistant", "content": "a", "reasoning_content": "r"},
+        {"role": "assistant", "content": "a", "reasoning_content": "old thoughts"},
         {"role": "user", "content": "q2"},
     ]
-    assert "<think></think>a" in render_chat(t, convo)
-    assert "<think>r</think>a" in render_chat(t, convo, preserve_thinking=True)
-    # Without HF's None-dropping the template would print the literal "None".
-    none_reasoning = [{"role": "assistant", "content": "a", "reasoning_content": None}]
-    raw = compile_template(t).render(messages=none_reasoning, preserve_thinking=True)
-    assert "<think>None</think>" in raw
-    assert "<think></think>a" in render_chat(t, none_reasoning, preserve_thinking=True)
+    assert "<think></think>a" in render_chat(t, convo) and "old thoughts" not in render_chat(t, convo)
+    assert render_chat(t, convo, preserve_thinking=True) == render_chat(t, convo)
+    # Tool-call turns after it keep their reasoning (the model is still working on the same request).
+    call = {"id": "functions.f:0", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    working = [*convo, {"role": "assistant", "content": "", "reasoning_content": "r2", "tool_calls": [call]}]
+    working.append({"role": "tool", "tool_call_id": "functions.f:0", "content": "ok"})
+    assert "<think>r2</think><|tool_calls_section_begin|>" in render_chat(t, working)
+    # Only reasoning_content is read by the template; HF's normalisation aliases ``reasoning`` to it.
+    raw = compile_template(t).render(messages=[{**working[3], "reasoning_content": None, "reasoning": "r3"}])
+    assert "<think>None</think>" in raw  # without HF's None-dropping the template prints the literal "None"
+    aliased = [*working[:3], {**working[3], "reasoning_content": None, "reasoning": "r3"}]
+    assert "<think>r3</think>" in render_chat(t, aliased)
     # Generation prompt, with and without thinking; tools are declared compactly, in key order.
     assert render_chat(t, [], add_generation_prompt=True) == "<|im_assistant|>assistant<|im_middle|><think>"
     assert render_chat(t, [], add_generation_prompt=True, thinking=False).endswith("<think></think>")
@@ -117,6 +123,9 @@ def test_kimi_quirks(tok):
     assert render_chat(t, [], tools).startswith(
         '<|im_system|>tool_declare<|im_middle|>[{"type":"function","function":{"name":"f","description":"天气"}}]'
     )
+    # A TypeScript declaration, when given, replaces the JSON verbatim.
+    declared = render_chat(t, [], tools, tools_ts_str="# Tools\n<x>")
+    assert declared == "<|im_system|>tool_declare<|im_middle|># Tools\n<x><|im_end|>"
     # An empty tool_calls list renders no section.
     out = render_chat(t, [{"role": "assistant", "content": "a", "tool_calls": []}])
     assert "tool_calls_section" not in out

@@ -3,11 +3,10 @@ from hypothesis import given, settings
 from transformers import PreTrainedTokenizer
 from transformers.tokenization_python import PythonBackend
 
-from eagle_assets.tokenization.chat_encoding import encode_chat
+from eagle_assets.tokenization.chat_encoding import encode_chat, render_kimi_chat
 from eagle_assets.tokenization.chat_template import render_chat
 from eagle_assets.tokenization.hf_tokenizer import KimiHFTokenizer, load_hf_tokenizer
-from tests.tokenization.conftest import TOKENIZER_DIR
-from tests.tokenization.strategies import prompts, texts
+from tests.tokenization.strategies import prompts, texts, tool_lists
 
 KNOWN = "Hello, world! 你好，世界！"
 KNOWN_IDS = [19180, 11, 2695, 0, 220, 33845, 378, 2243, 856]
@@ -15,7 +14,7 @@ KNOWN_IDS = [19180, 11, 2695, 0, 220, 33845, 378, 2243, 856]
 
 @pytest.fixture(scope="module")
 def hf(tok) -> KimiHFTokenizer:
-    return load_hf_tokenizer(TOKENIZER_DIR)
+    return load_hf_tokenizer(tok.directory)
 
 
 def test_basics(hf):
@@ -54,8 +53,27 @@ def test_apply_chat_template(hf, tok, messages):
     assert text == render_chat(tok.chat_template, messages, add_generation_prompt=True)
     ids = hf.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
     assert ids == encode_chat(tok, messages, add_generation_prompt=True)
+    # Without tools (and short texts) that is the serving path: the rendered text with every special allowed.
+    assert ids == tok.encode_with_special(text)
     out = hf.apply_chat_template(messages, add_generation_prompt=True)
     assert out["input_ids"] == ids and out["attention_mask"] == [1] * len(ids)
+    for kwargs in ({"data_specials": "ordinary"}, {"sanitize_control_tokens": True}):
+        kept = hf.apply_chat_template(messages, add_generation_prompt=True, return_dict=False, **kwargs)
+        assert kept == encode_chat(tok, messages, add_generation_prompt=True, data_specials="ordinary")
+
+
+@settings(max_examples=40, deadline=None)
+@given(messages=prompts(), tools=tool_lists())
+def test_apply_chat_template_declares_tools_like_the_release(hf, tok, messages, tools):
+    text = hf.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+    assert text == render_kimi_chat(tok.chat_template, messages, tools, add_generation_prompt=True)
+    ids = hf.apply_chat_template(messages, tools=tools, add_generation_prompt=True, return_dict=False)
+    assert ids == encode_chat(tok, messages, tools, add_generation_prompt=True)
+    # HF's own path (used for continue_final_message) gets the same declaration.
+    hf_text = hf.apply_chat_template(
+        [*messages, {"role": "assistant", "content": "x"}], tools=tools, tokenize=False, continue_final_message=True
+    )
+    assert hf_text.startswith(text[: text.index("<|im_end|>")])
 
 
 def test_apply_chat_template_batch_and_tensors(hf):

@@ -6,8 +6,7 @@ from typing import Any
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from eagle_assets.tokenization.chat_encoding import encode_chat, encode_segments
-from eagle_assets.tokenization.chat_template import render_chat
+from eagle_assets.tokenization.chat_encoding import encode_chat, encode_segments, render_kimi_chat
 from eagle_assets.tokenization.reconstruction import (
     Reconstruction,
     assistant_message,
@@ -34,19 +33,55 @@ def final_message(record: dict[str, Any]) -> dict[str, Any]:
     return msg
 
 
+def expected_sample(tok, record: dict[str, Any]) -> tuple[str, list[int], int]:
+    """The K2.5 training sample built without reconstruction's code: (text, ids, prompt length).
+
+    The target generated its answer right after the generation prompt's ``<think>``, so the sample is
+    ``render(prompt, add_generation_prompt=True) + reasoning + "</think>" + content + tool calls + "<|im_end|>"``,
+    and its prompt ids are the serving path's: the rendered text encoded with every special allowed.
+    Where K2.5's template renders the answer itself, the answer comes from the template: a tool-call
+    turn after the last plain assistant turn keeps its reasoning, so the finished conversation's render
+    continues the prompt's with exactly that turn (its data specials located by marking, so they stay
+    text). A plain turn is history to K2.5 (its reasoning dropped), so there the template only fixes
+    the end ``</think>{content}<|im_end|>`` and the reasoning goes right after the prompt's ``<think>``.
+    """
+    messages, tools = record["messages"], record["tools"]
+    final = final_message(record)
+    prompt_text = render_kimi_chat(tok.chat_template, messages, tools, add_generation_prompt=True)
+    full_text = render_kimi_chat(tok.chat_template, [*messages, final], tools)
+    reasoning, content = record["reasoning"] or "", record["content"] or ""
+    if final.get("tool_calls"):
+        assert full_text.startswith(prompt_text)
+        turn_text = full_text[len(prompt_text) :]
+        whole = encode_chat(tok, [*messages, final], tools, data_specials="ordinary")
+        head = encode_chat(tok, messages, tools, add_generation_prompt=True, data_specials="ordinary")
+        assert whole[: len(head)] == head
+        turn_ids = whole[len(head) :]
+    else:
+        assert full_text.endswith(f"<think></think>{content}<|im_end|>")
+        turn_text = f"{reasoning}</think>{content}<|im_end|>"
+        turn_ids = [*tok.encode_ordinary(reasoning), tok.special_id("</think>"), *tok.encode_ordinary(content)]
+        turn_ids.append(tok.eos_id)
+    prompt_ids = tok.encode_with_special(prompt_text)
+    return prompt_text + turn_text, prompt_ids + turn_ids, len(prompt_ids)
+
+
 def check_against_template(tok, record: dict[str, Any]) -> Reconstruction:
     r = reconstruct(record, tok)
-    full = [*record["messages"], final_message(record)]
-    expected = encode_chat(tok, full, record["tools"], preserve_thinking=True)
-    assert r.input_ids == expected
-    # The prompt is the generation-time render (no preserve_thinking), exactly as the target received it.
-    prompt = encode_chat(tok, record["messages"], record["tools"], add_generation_prompt=True)
-    assert r.input_ids[: r.prompt_len] == prompt
+    text, ids, prompt_len = expected_sample(tok, record)
+    assert r.input_ids == ids
+    assert r.prompt_len == prompt_len
     assert r.loss_mask == [0] * r.prompt_len + [1] * r.completion_len
     assert len(r.input_ids) == r.prompt_len + r.completion_len
     assert r.input_ids[-1] == tok.eos_id
     # Lossless: decoding gives the rendered conversation text.
-    assert tok.decode(r.input_ids) == render_chat(tok.chat_template, full, record["tools"], preserve_thinking=True)
+    assert tok.decode(r.input_ids) == text
+    # The "ordinary" option changes the prompt's data specials only; the response is the model's either way.
+    kept = reconstruct(record, tok, data_specials="ordinary")
+    head = encode_chat(tok, record["messages"], record["tools"], add_generation_prompt=True, data_specials="ordinary")
+    assert kept.input_ids[: kept.prompt_len] == head
+    assert kept.input_ids[kept.prompt_len :] == r.input_ids[r.prompt_len :]
+    assert tok.decode(kept.input_ids) == text
     return r
 
 
@@ -55,10 +90,10 @@ def check_against_template(tok, record: dict[str, Any]) -> Reconstruction:
 def test_matches_template_plain_text(tok, record):
     r = check_against_template(tok, record)
     assume(not has_special_text(record, special_pattern(tok)))
-    # With no special-looking text the naive whole-string encoding agrees too.
-    full = [*record["messages"], final_message(record)]
-    text = render_chat(tok.chat_template, full, record["tools"], preserve_thinking=True)
+    # With no special-looking text the naive whole-string encoding agrees too, and so do both options.
+    text, _, _ = expected_sample(tok, record)
     assert r.input_ids == tok.encode_with_special(text)
+    assert reconstruct(record, tok, data_specials="ordinary") == r
 
 
 @SETTINGS
@@ -241,8 +276,7 @@ def test_provider_ids_are_normalised_with_a_conversation_counter(tok):
 
 
 def test_history_reasoning_is_dropped_in_the_prompt(tok):
-    # The target saw its earlier turns without their reasoning: the prompt must not contain it,
-    # even though render(..., preserve_thinking=True) of the whole conversation would.
+    # The target saw its earlier turns without their reasoning (K2.5 renders history that way).
     messages = [
         {"role": "user", "content": "q1"},
         {"role": "assistant", "content": "a1", "reasoning_content": "old thoughts"},
