@@ -24,6 +24,7 @@ literal ``<|im_end|>``, ``<think>`` or ``[EOS]`` typed into a message or a tool 
 Both choices give the same ids when no data string contains special-token text.
 """
 
+import os
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, get_args
@@ -47,6 +48,7 @@ __all__ = [
     "Segment",
     "chat_segments",
     "check_data_specials",
+    "configured_data_specials",
     "encode_chat",
     "encode_segments",
     "render_kimi_chat",
@@ -56,6 +58,7 @@ __all__ = [
 DataSpecials = Literal["special", "ordinary"]
 """What special-token text inside messages and tools becomes: its id (as served) or ordinary text."""
 DATA_SPECIALS: tuple[str, ...] = get_args(DataSpecials)
+DATA_SPECIALS_ENV = "EAGLE_FORGE_DATA_SPECIALS"
 
 # Values the template compares against literals ("role" == "user", content "type" == "text"); marking
 # them would break those comparisons, and they never carry free text.
@@ -138,6 +141,15 @@ def check_data_specials(value: str) -> DataSpecials:
     if value not in DATA_SPECIALS:
         raise ValueError(f"data_specials must be one of {DATA_SPECIALS}, got {value!r}")
     return value  # type: ignore[return-value]
+
+
+def configured_data_specials() -> DataSpecials:
+    """The pipeline's choice: ``$EAGLE_FORGE_DATA_SPECIALS``, else ``"special"`` (what vLLM/SGLang do).
+
+    One setting read by the tokenized assets and the simulator alike, so that a pipeline set up for
+    a sanitizing server rebuilds and counts prompts the same way everywhere.
+    """
+    return check_data_specials(os.environ.get(DATA_SPECIALS_ENV, "").strip() or "special")
 
 
 def _kimi_inputs(

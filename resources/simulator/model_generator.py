@@ -3,8 +3,9 @@
 The pipeline later rebuilds token ids from the returned text (``eagle_assets.tokenization.reconstruction``)
 and runs the same tiny target on them, so three things must hold exactly:
 
-- the model conditions on the prompt the pipeline builds: ``prompt_segments`` of reconstruction (the
-  real Kimi chat template with the generation prompt, ending in ``<think>``), encoded the same way;
+- the model conditions on the prompt the pipeline builds: ``prompt_token_ids`` of reconstruction (the
+  real Kimi chat template with the generation prompt, ending in ``<think>``, tools declared in
+  TypeScript, special-token text as ids), which is also what the accountant bills;
 - the response follows reconstruction's layout: reasoning tokens, then ``</think>`` fed into the
   context, then content tokens; it ends with ``<|im_end|>`` (finish "stop"), which the accountant and
   reconstruction append. ``max_tokens`` is applied afterwards by ``TokenAccountant``: greedy decoding is
@@ -40,18 +41,16 @@ from typing import Any
 import torch
 
 from eagle_assets.target.tiny import KIMI_PAD_ID, load_target
-from eagle_assets.tokenization.chat_encoding import encode_segments
+from eagle_assets.tokenization.chat_encoding import DataSpecials, configured_data_specials
 from eagle_assets.tokenization.kimi_tokenizer import KimiTokenizer
-from eagle_assets.tokenization.reconstruction import IM_END, THINK_END, prompt_segments
+from eagle_assets.tokenization.reconstruction import IM_END, THINK_END
 from eagle_assets.tokenization.safe_vocab import safe_token_ids
-from resources.simulator.responses import ChatRequest, Completion
+from resources.simulator.responses import ChatRequest, Completion, PromptRenderError, prompt_ids
+
+__all__ = ["PromptRenderError", "TinyTargetGenerator", "tiny_target_generator"]
 
 REASONING_TOKENS = (16, 48)  # inclusive ranges, drawn per request
 CONTENT_TOKENS = (24, 96)
-
-
-class PromptRenderError(ValueError):
-    """The request's messages/tools cannot be rendered by the chat template (the server answers 400)."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -181,6 +180,7 @@ class TinyTargetGenerator:
         max_prompt_tokens: int = 32_768,
         batch_wait_s: float = 0.005,
         cache_size: int = 65_536,
+        data_specials: DataSpecials | None = None,
     ) -> None:
         for lo, hi in (reasoning_tokens, content_tokens):
             if not 1 <= lo <= hi:
@@ -189,6 +189,7 @@ class TinyTargetGenerator:
             raise ValueError("max_batch and max_batch_tokens must be positive")
         self.model_dir = Path(model_dir)
         self.tokenizer = tokenizer
+        self.data_specials = data_specials or configured_data_specials()
         self.seed = seed
         self.reasoning_tokens = reasoning_tokens
         self.content_tokens = content_tokens
@@ -237,12 +238,8 @@ class TinyTargetGenerator:
         )
 
     def prompt_ids(self, request: ChatRequest) -> list[int]:
-        """The prompt as the pipeline rebuilds it (reconstruction's ``prompt_segments``, generation prompt on)."""
-        try:
-            segments = prompt_segments(self.tokenizer, {"messages": request.messages, "tools": request.tools})
-        except Exception as exc:  # jinja errors, malformed messages: the request, not the simulator
-            raise PromptRenderError(f"cannot render the prompt with the Kimi chat template: {exc}") from exc
-        ids = encode_segments(self.tokenizer, segments)
+        """The prompt as the serving stack builds it and the pipeline rebuilds it (the accountant counts the same)."""
+        ids = prompt_ids(self.tokenizer, request.messages, request.tools, self.data_specials)
         if len(ids) > self.max_prompt_tokens:  # a CPU prefill of that length would take minutes and gigabytes
             raise PromptRenderError(
                 f"the prompt has {len(ids)} tokens; the tiny target takes at most {self.max_prompt_tokens}"

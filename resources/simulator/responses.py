@@ -21,7 +21,9 @@ from typing import Any, Protocol, TypeVar
 
 import orjson
 
+from eagle_assets.tokenization.chat_encoding import DataSpecials, configured_data_specials
 from eagle_assets.tokenization.kimi_tokenizer import KimiTokenizer
+from eagle_assets.tokenization.reconstruction import prompt_token_ids
 
 _JSON_SORTED = orjson.OPT_SORT_KEYS
 T = TypeVar("T")
@@ -70,7 +72,13 @@ class ResponseGenerator(Protocol):
 
 
 # --------------------------------------------------------------------------------------------
-# Prompt rendering (approximate Kimi chat format; only its token count matters)
+# Prompt rendering: the serving stack's own (Kimi K2.5 template, TypeScript tool declaration,
+# special-token text as ids), so that ``usage.prompt_tokens`` is what a provider bills and what
+# the pipeline's reconstruction rebuilds: the two differ by 0.
+
+
+class PromptRenderError(ValueError):
+    """The request's messages/tools cannot be rendered by the chat template (the server answers 400)."""
 
 
 def _text_of(content: Any) -> str:
@@ -91,41 +99,18 @@ def _text_of(content: Any) -> str:
     return str(content)
 
 
-def render_tool_calls_section(tool_calls: list[tuple[str, str]]) -> str:
-    """``(id, arguments)`` pairs in Kimi's tool-call framing."""
-    body = "".join(
-        f"<|tool_call_begin|>{cid}<|tool_call_argument_begin|>{args}<|tool_call_end|>" for cid, args in tool_calls
-    )
-    return f"<|tool_calls_section_begin|>{body}<|tool_calls_section_end|>"
-
-
-def render_prompt(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
-    parts: list[str] = []
-    if tools:
-        parts.append(f"<|im_system|>tool_declare<|im_middle|>{orjson.dumps(tools).decode()}<|im_end|>")
-    for m in messages:
-        role = m.get("role")
-        text = _text_of(m.get("content"))
-        if role == "user":
-            parts.append(f"<|im_user|>user<|im_middle|>{text}<|im_end|>")
-        elif role == "assistant":
-            reasoning = m.get("reasoning") or m.get("reasoning_content") or ""
-            section = ""
-            calls = m.get("tool_calls") or []
-            if calls:
-                pairs = []
-                for c in calls:
-                    fn = c.get("function") or {}
-                    args = fn.get("arguments")
-                    pairs.append((str(c.get("id", "")), args if isinstance(args, str) else orjson.dumps(args).decode()))
-                section = render_tool_calls_section(pairs)
-            parts.append(f"<|im_assistant|>assistant<|im_middle|><think>{reasoning}</think>{text}{section}<|im_end|>")
-        elif role == "tool":
-            parts.append(f"<|im_system|>tool<|im_middle|>## Return of {m.get('tool_call_id', '')}\n{text}<|im_end|>")
-        else:  # system, developer and anything unknown
-            parts.append(f"<|im_system|>{role or 'system'}<|im_middle|>{text}<|im_end|>")
-    parts.append("<|im_assistant|>assistant<|im_middle|><think>")
-    return "".join(parts)
+def prompt_ids(
+    tokenizer: KimiTokenizer,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    data_specials: DataSpecials = "special",
+) -> list[int]:
+    """The prompt's ids as the serving stack builds them (Kimi K2.5 template with the generation prompt,
+    TypeScript tool declaration), which is what the pipeline's reconstruction rebuilds."""
+    try:
+        return prompt_token_ids(tokenizer, messages, tools or None, data_specials=data_specials)
+    except Exception as exc:  # jinja errors, malformed messages: the request's fault, not the simulator's
+        raise PromptRenderError(f"cannot render the prompt with the Kimi chat template: {exc}") from exc
 
 
 # --------------------------------------------------------------------------------------------
@@ -216,8 +201,6 @@ def _reasoning_detail(text: str) -> dict[str, Any]:
     return {"type": "reasoning.text", "text": text, "format": "unknown", "index": 0}
 
 
-# Every Kimi special token has one of these shapes; membership is then checked exactly.
-_SPECIAL_SHAPE = re.compile(r"<\|[A-Za-z0-9_]+\|>|\[[A-Z]{3}\]|</?think>")
 _WORDISH = re.compile(r"\S+\s*|\s+")
 
 
@@ -236,8 +219,9 @@ def split_text(text: str, n: int) -> list[str]:
 class TokenAccountant:
     """Counts and truncates with the real tokenizer, the way the target's serving stack would."""
 
-    def __init__(self, tokenizer: KimiTokenizer) -> None:
+    def __init__(self, tokenizer: KimiTokenizer, data_specials: DataSpecials | None = None) -> None:
         self.tokenizer = tokenizer
+        self.data_specials = data_specials or configured_data_specials()
         sp = tokenizer.special_tokens
         self._section_begin = sp["<|tool_calls_section_begin|>"]
         self._section_end = sp["<|tool_calls_section_end|>"]
@@ -246,30 +230,8 @@ class TokenAccountant:
         self._call_end = sp["<|tool_call_end|>"]
 
     def prompt_tokens(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> int:
-        return self.count_with_special(render_prompt(messages, tools))
-
-    def count_with_special(self, text: str) -> int:
-        """``len(encode_with_special(text))`` without its per-call cost of passing 256 specials to tiktoken.
-
-        tiktoken splits at special tokens and encodes the pieces between them ordinarily, so the
-        count is the same when done here; long texts go to tiktoken, where that cost is noise.
-        """
-        if len(text) > 4096:
-            return len(self.tokenizer.encode_with_special(text))
-        enc = self.tokenizer.encode_ordinary
-        specials = self.tokenizer.special_tokens
-        n = 0
-        pos = 0
-        for m in _SPECIAL_SHAPE.finditer(text):
-            if m.group() in specials:
-                start = m.start()
-                if start > pos:
-                    n += len(enc(text[pos:start]))
-                n += 1
-                pos = m.end()
-        if pos < len(text):
-            n += len(enc(text[pos:]))
-        return n
+        """``usage.prompt_tokens``: the length of the prompt ids the target is fed (raises ``PromptRenderError``)."""
+        return len(prompt_ids(self.tokenizer, messages, tools, self.data_specials))
 
     def tool_section_ids(self, tool_calls: tuple[ToolCall, ...]) -> list[int]:
         if not tool_calls:

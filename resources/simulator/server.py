@@ -750,13 +750,13 @@ class Simulator:
         if fault == "disallowed_provider":
             provider = self._outside(candidates) or provider
 
-        if self._submit is None:
-            prepared = self._prepare(req, exclude)
-        else:
-            try:
+        try:
+            if self._submit is None:
+                prepared = self._prepare(req, exclude)
+            else:
                 prepared = await self._prepare_off_loop(req, exclude)
-            except ValueError as exc:  # the generator could not render the prompt
-                return self._answer(400, "bad_request", _error_body(400, f"Provider returned error: {exc}"))
+        except ValueError as exc:  # the chat template could not render the prompt (PromptRenderError)
+            return self._answer(400, "bad_request", _error_body(400, f"Provider returned error: {exc}"))
         reserve_tokens = req.max_tokens if req.max_tokens is not None else provider.max_completion_tokens
         needed = prepared.prompt_tokens * provider.prompt_price + reserve_tokens * provider.completion_price
         if state.account.remaining < needed:

@@ -18,6 +18,8 @@ import orjson
 import pytest
 
 from eagle_assets.tokenization.kimi_tokenizer import load_kimi_tokenizer
+from eagle_assets.tokenization.reconstruction import prompt_token_ids
+from eagle_assets.tokenization.tool_declaration import declare_tools
 from resources.simulator.__main__ import config_from_args
 from resources.simulator.config import (
     DEFAULT_PROVIDERS,
@@ -159,7 +161,7 @@ async def test_usage_matches_the_kimi_tokenizer(tk):
         async with aiohttp.ClientSession() as s:
             for i in range(16):
                 tools = [WEATHER_TOOL, SEARCH_TOOL] if i % 2 else None
-                body = payload(f"Question {i}: what is the weather like in Paris? <|im_end|> is plain text here")
+                body = payload(f"Question {i}: what is the weather like in Paris? <|im_end|> is a special id here")
                 if tools:
                     body["tools"] = tools
                 status, _, raw = await post(s, sim.base_url, body)
@@ -175,11 +177,14 @@ async def test_usage_matches_the_kimi_tokenizer(tk):
                 rendered = (
                     f"<|im_user|>user<|im_middle|>{prompt}<|im_end|><|im_assistant|>assistant<|im_middle|><think>"
                 )
-                if tools:
-                    rendered = (
-                        f"<|im_system|>tool_declare<|im_middle|>{orjson.dumps(tools).decode()}<|im_end|>" + rendered
-                    )
+                if tools:  # declared in TypeScript, as Kimi K2.5's tokenizer does
+                    declared = declare_tools(tools).tools_ts_str
+                    assert declared and "type get_weather = (_: {" in declared
+                    rendered = f"<|im_system|>tool_declare<|im_middle|>{declared}<|im_end|>" + rendered
+                # The serving path: the rendered prompt encoded with every special allowed (the literal
+                # <|im_end|> in the question is one id), exactly what reconstruction rebuilds.
                 assert usage["prompt_tokens"] == len(tk.encode_with_special(rendered))
+                assert usage["prompt_tokens"] == len(prompt_token_ids(tk, body["messages"], tools))
                 assert usage["completion_tokens"] == expected_completion_tokens(tk, msg, choice["finish_reason"])
                 assert usage["completion_tokens_details"]["reasoning_tokens"] == len(
                     tk.encode_ordinary(msg["reasoning"])
@@ -194,6 +199,17 @@ async def test_usage_matches_the_kimi_tokenizer(tk):
                 else:
                     assert "tool_calls" not in msg and msg["content"]
     assert finishes == {"stop", "tool_calls"}
+
+
+async def test_prompt_the_template_cannot_render_is_a_bad_request():
+    # The prompt is counted with the real chat template; a message it cannot render is the caller's error.
+    broken = {"role": "assistant", "content": "x", "tool_calls": [5]}
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "q"}, broken, {"role": "user", "content": "q"}]}
+    with simulator() as sim:
+        async with aiohttp.ClientSession() as s:
+            status, _, raw = await post(s, sim.base_url, body)
+            assert status == 400 and b"cannot render the prompt" in raw
+            assert (await post(s, sim.base_url, payload("fine")))[0] == 200
 
 
 async def test_mean_length_and_mixed_content(tk):
