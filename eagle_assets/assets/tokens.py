@@ -86,6 +86,10 @@ def build_tokenized_asset(spec: DatasetSpec, partitions_def: dg.PartitionsDefini
                 "api_completion_tokens": dg.MetadataValue.int(summary.api_completion_tokens),
                 "token_count_relative_diff": dg.MetadataValue.float(summary.relative_diff),
                 "samples_with_token_diff": dg.MetadataValue.int(summary.nonzero_diffs),
+                "prompt_tokens": dg.MetadataValue.int(summary.prompt_tokens),
+                "api_prompt_tokens": dg.MetadataValue.int(summary.api_prompt_tokens),
+                "prompt_token_relative_diff": dg.MetadataValue.float(summary.prompt_relative_diff),
+                "samples_with_prompt_token_diff": dg.MetadataValue.int(summary.prompt_nonzero_diffs),
                 "samples_with_native_count": dg.MetadataValue.int(
                     sum(r["native_completion_tokens"] is not None for r in rows)
                 ),

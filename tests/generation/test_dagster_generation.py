@@ -177,6 +177,7 @@ def test_tokenized_partition_matches_the_api_token_counts_exactly(tmp_path, forg
         md = result.asset_materializations_for_node(tok.node_def.name)[0].metadata
         assert md["samples"].value == 40
         assert md["samples_with_token_diff"].value == 0  # exact on the simulator
+        assert md["samples_with_prompt_token_diff"].value == 0 and md["prompt_token_relative_diff"].value == 0.0
         gmd = result.asset_materializations_for_node(gen.node_def.name)[0].metadata
         assert gmd["native_counts_fetched"].value == 32 == md["samples_with_native_count"].value  # the default sample
         diff_check = next(
