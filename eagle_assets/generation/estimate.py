@@ -1,7 +1,11 @@
 """Prompt-token estimates for worst-case reservations, from the real tokenizer.
 
-The estimate only has to be an upper bound in practice (the runner adds a margin): it counts every
-text field with the Kimi encoder plus a few tokens of chat-template framing per message.
+The estimate is the prompt's exact length as the serving stack builds it (the same ids the
+tokenized partitions rebuild and the provider bills as ``usage.prompt_tokens``: Kimi K2.5 template,
+TypeScript tool declaration, special-token text as ids), so a reservation is neither short on
+tool-heavy prompts nor inflated by raw JSON. The runner still adds its margin. A prompt the chat
+template cannot render (the provider will refuse it) falls back to a rough upper bound: every text
+field encoded, plus a few tokens of framing per message.
 """
 
 from collections.abc import Callable
@@ -10,7 +14,9 @@ from typing import Any
 import orjson
 
 from eagle_assets.datasets.prompts import Prompt
+from eagle_assets.tokenization.chat_encoding import DataSpecials, configured_data_specials
 from eagle_assets.tokenization.kimi_tokenizer import KimiTokenizer
+from eagle_assets.tokenization.reconstruction import prompt_token_ids
 
 FRAMING_TOKENS_PER_MESSAGE = 8
 
@@ -23,17 +29,28 @@ def _texts(content: Any) -> list[str]:
     return []
 
 
-def tokenizer_estimator(tokenizer: KimiTokenizer) -> Callable[[Prompt], int]:
+def rough_prompt_tokens(tokenizer: KimiTokenizer, prompt: Prompt) -> int:
+    """An upper bound without the template: every text field encoded, tools as JSON, framing per message."""
+    pieces: list[str] = []
+    for m in prompt.messages:
+        pieces += _texts(m.get("content"))
+        pieces += _texts(m.get("reasoning_content") or m.get("reasoning"))
+        if m.get("tool_calls"):
+            pieces.append(orjson.dumps(m["tool_calls"]).decode())
+    if prompt.tools:
+        pieces.append(orjson.dumps(prompt.tools).decode())
+    tokens = sum(len(x) for x in tokenizer.encoding.encode_ordinary_batch(pieces, num_threads=1)) if pieces else 0
+    return tokens + FRAMING_TOKENS_PER_MESSAGE * (len(prompt.messages) + 1)
+
+
+def tokenizer_estimator(tokenizer: KimiTokenizer, data_specials: DataSpecials | None = None) -> Callable[[Prompt], int]:
+    """``estimate(prompt)``: the exact prompt length, or ``rough_prompt_tokens`` when it cannot be rendered."""
+    mode = data_specials or configured_data_specials()
+
     def estimate(prompt: Prompt) -> int:
-        pieces: list[str] = []
-        for m in prompt.messages:
-            pieces += _texts(m.get("content"))
-            pieces += _texts(m.get("reasoning_content") or m.get("reasoning"))
-            if m.get("tool_calls"):
-                pieces.append(orjson.dumps(m["tool_calls"]).decode())
-        if prompt.tools:
-            pieces.append(orjson.dumps(prompt.tools).decode())
-        tokens = sum(len(x) for x in tokenizer.encoding.encode_ordinary_batch(pieces, num_threads=1)) if pieces else 0
-        return tokens + FRAMING_TOKENS_PER_MESSAGE * (len(prompt.messages) + 1)
+        try:
+            return len(prompt_token_ids(tokenizer, prompt.messages, prompt.tools, data_specials=mode))
+        except Exception:  # jinja errors, malformed messages: the request will be refused; reserve generously
+            return rough_prompt_tokens(tokenizer, prompt)
 
     return estimate
