@@ -179,6 +179,7 @@ class BudgetLedger:
                 (self.owner, proc.pid, proc.create_time(), time.time()),
             )
         self._last_dead_check = time.monotonic()
+        self._model_cache: tuple[tuple[Moments, int, AdmissionPolicy], LengthModel | None] | None = None
         self.recover_dead_owners()
 
     def _migrate(self) -> None:
@@ -220,27 +221,48 @@ class BudgetLedger:
         sets = ", ".join(f"{k} = {k} + ?" for k in deltas)
         cur.execute(f"UPDATE totals SET {sets} WHERE scope = ?", (*deltas.values(), scope))
 
-    def _move(self, cur: sqlite3.Cursor, res: Reservation, usd: float, tokens: int, kind: str) -> bool:
-        """Close a reservation into spend; False when it was already closed (never count twice)."""
-        cur.execute("DELETE FROM reservations WHERE id = ?", (res.id,))
-        if cur.rowcount == 0:
-            return False
-        if kind != "released":
-            cur.execute(
-                "INSERT INTO spend VALUES (?,?,?,?,?,?,?,?)",
-                (res.id, res.dataset, res.partition, res.prompt_id, _n(usd), tokens, kind, time.time()),
+    def _bump_many(self, cur: sqlite3.Cursor, deltas: dict[str, dict[str, int]]) -> None:
+        for scope, d in deltas.items():
+            if any(d.values()):
+                self._bump(cur, scope, **d)
+
+    def _close_many(self, cur: sqlite3.Cursor, items: list[tuple[Reservation, float, int, str]]) -> list[int]:
+        """Close reservations into spend, in one pass; returns the indexes of those that were still open.
+
+        A reservation already closed (settled twice, or recovered as an orphan) is skipped: never count twice.
+        """
+        if not items:
+            return []
+        open_ids: set[str] = set()
+        ids = list({res.id for res, *_ in items})
+        for i in range(0, len(ids), 500):
+            part = ids[i : i + 500]
+            marks = ",".join("?" * len(part))
+            open_ids.update(
+                r[0] for r in cur.execute(f"DELETE FROM reservations WHERE id IN ({marks}) RETURNING id", part)
             )
-        for scope in (GLOBAL, _scope(res.dataset)):
-            self._bump(
-                cur,
-                scope,
-                usd_spent=_n(usd),
-                usd_reserved=-_n(res.usd),
-                tokens_spent=tokens,
-                tokens_reserved=-res.tokens,
-                in_flight=-1,
-            )
-        return True
+        closed, spend_rows = [], []
+        deltas: dict[str, dict[str, int]] = {}
+        now = time.time()
+        for idx, (res, usd, tokens, kind) in enumerate(items):
+            if res.id not in open_ids:
+                continue
+            open_ids.discard(res.id)  # the same reservation twice in one batch counts once
+            closed.append(idx)
+            if kind != "released":
+                spend_rows.append((res.id, res.dataset, res.partition, res.prompt_id, _n(usd), tokens, kind, now))
+            for scope in (GLOBAL, _scope(res.dataset)):
+                d = deltas.setdefault(
+                    scope, dict(usd_spent=0, usd_reserved=0, tokens_spent=0, tokens_reserved=0, in_flight=0)
+                )
+                d["usd_spent"] += _n(usd)
+                d["usd_reserved"] -= _n(res.usd)
+                d["tokens_spent"] += tokens
+                d["tokens_reserved"] -= res.tokens
+                d["in_flight"] -= 1
+        cur.executemany("INSERT INTO spend VALUES (?,?,?,?,?,?,?,?)", spend_rows)
+        self._bump_many(cur, deltas)
+        return closed
 
     # --- queries ----------------------------------------------------------------------------
     def totals(self, dataset: str | None = None) -> Totals:
@@ -305,8 +327,15 @@ class BudgetLedger:
         for d in snap.groups:
             if d not in models:
                 models[d] = self._moments(cur, d)
-        groups = [(g, LengthModel.from_moments(models[d], self.policy, g.max_tokens)) for d, g in snap.groups.items()]
+        groups = [(g, self._model(models[d], g.max_tokens)) for d, g in snap.groups.items()]
         return snap.spent + snap.hard_usd + held_usd(groups, self.policy)
+
+    def _model(self, moments: Moments, max_tokens: int) -> LengthModel | None:
+        """``LengthModel.from_moments``, remembered: a chunk of requests asks the same question many times."""
+        key = (moments, max_tokens, self.policy)
+        if self._model_cache is None or self._model_cache[0] != key:
+            self._model_cache = (key, LengthModel.from_moments(moments, self.policy, max_tokens))
+        return self._model_cache[1]
 
     def reserve_many(
         self,
@@ -333,18 +362,17 @@ class BudgetLedger:
         denial: Denial | None = None
         with self._tx() as cur:
             snap = self._open(cur)
-            models: dict[str, Moments] = {}
+            moments: dict[str, Moments] = {}
             token_state: dict[str, list[int]] = {}
             for r in reqs:
                 prompt_usd = r.worst_usd if r.prompt_usd is None else r.prompt_usd
+                snap.all_usd += r.worst_usd
                 if hard:
-                    snap.all_usd += r.worst_usd
                     snap.hard_usd += r.worst_usd
                 else:
-                    snap.all_usd += r.worst_usd
                     g = snap.groups.get(r.dataset, OpenGroup())
                     snap.groups[r.dataset] = g.plus(r.worst_usd, prompt_usd, r.price, r.max_tokens)
-                need = self._held(cur, snap, models)
+                need = self._held(cur, snap, moments)
                 if _n(need) > cap_n:
                     what = "budget" if cap_reason == "usd" else "the key's remaining credit"
                     denial = Denial(
@@ -361,15 +389,15 @@ class BudgetLedger:
                             (_scope(r.dataset),),
                         ).fetchone()
                         state = token_state[r.dataset] = list(row or (0, 0, 0))
-                    if r.dataset not in models:
-                        models[r.dataset] = self._moments(cur, r.dataset)
+                    if r.dataset not in moments:
+                        moments[r.dataset] = self._moments(cur, r.dataset)
                     decision = token_admission(
                         produced=state[0],
                         open_count=state[1],
                         open_max_tokens=state[2],
                         new_max_tokens=r.max_tokens,
                         budget=token_budget,
-                        model=LengthModel.from_moments(models[r.dataset], self.policy, r.max_tokens),
+                        model=self._model(moments[r.dataset], r.max_tokens),
                         policy=self.policy,
                     )
                     if not decision.admit:
@@ -380,53 +408,78 @@ class BudgetLedger:
                 granted.append((r, prompt_usd))
             if denial is not None and len(granted) < min_grant:
                 return [], Denial(denial.reason, denial.detail, fit=len(granted))
-            out = [self._insert(cur, r, prompt_usd, hard) for r, prompt_usd in granted]
+            out = self._insert_many(cur, granted, hard)
         if denial is not None:
             denial = Denial(denial.reason, denial.detail, fit=len(out))
         return out, denial
 
-    def _insert(self, cur: sqlite3.Cursor, r: ReservationRequest, prompt_usd: float, hard: bool) -> Reservation:
-        cur.execute("INSERT OR IGNORE INTO lengths(dataset) VALUES (?)", (r.dataset,))
-        (seq,) = cur.execute("SELECT next_seq FROM lengths WHERE dataset = ?", (r.dataset,)).fetchone()
-        cur.execute("UPDATE lengths SET next_seq = ? WHERE dataset = ?", (seq + 1, r.dataset))
-        res = Reservation(uuid.uuid4().hex, r.dataset, r.partition, r.prompt_id, r.worst_usd, r.max_tokens, seq, hard)
-        cur.execute(
+    def _insert_many(
+        self, cur: sqlite3.Cursor, granted: list[tuple[ReservationRequest, float]], hard: bool
+    ) -> list[Reservation]:
+        if not granted:
+            return []
+        next_seq: dict[str, int] = {}
+        for r, _ in granted:
+            if r.dataset not in next_seq:
+                cur.execute("INSERT OR IGNORE INTO lengths(dataset) VALUES (?)", (r.dataset,))
+                (next_seq[r.dataset],) = cur.execute(
+                    "SELECT next_seq FROM lengths WHERE dataset = ?", (r.dataset,)
+                ).fetchone()
+        out, rows = [], []
+        deltas: dict[str, dict[str, int]] = {}
+        now = time.time()
+        for r, prompt_usd in granted:
+            seq = next_seq[r.dataset]
+            next_seq[r.dataset] = seq + 1
+            res = Reservation(
+                uuid.uuid4().hex, r.dataset, r.partition, r.prompt_id, r.worst_usd, r.max_tokens, seq, hard
+            )
+            out.append(res)
+            rows.append(
+                (
+                    res.id,
+                    self.owner,
+                    r.dataset,
+                    r.partition,
+                    r.prompt_id,
+                    _n(r.worst_usd),
+                    r.max_tokens,
+                    now,
+                    seq,
+                    int(hard),
+                    _n(prompt_usd),
+                    r.price,
+                )
+            )
+            for scope in (GLOBAL, _scope(r.dataset)):
+                d = deltas.setdefault(scope, dict(usd_reserved=0, tokens_reserved=0, in_flight=0))
+                d["usd_reserved"] += _n(r.worst_usd)
+                d["tokens_reserved"] += r.max_tokens
+                d["in_flight"] += 1
+        cur.executemany(
             "INSERT INTO reservations (id, owner, dataset, partition, prompt_id, usd, tokens, created, seq, hard,"
             " prompt_usd, price) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-            (
-                res.id,
-                self.owner,
-                r.dataset,
-                r.partition,
-                r.prompt_id,
-                _n(r.worst_usd),
-                r.max_tokens,
-                time.time(),
-                seq,
-                int(hard),
-                _n(prompt_usd),
-                r.price,
-            ),
+            rows,
         )
-        for scope in (GLOBAL, _scope(r.dataset)):
-            self._bump(cur, scope, usd_reserved=_n(r.worst_usd), tokens_reserved=r.max_tokens, in_flight=1)
-        return res
+        cur.executemany("UPDATE lengths SET next_seq = ? WHERE dataset = ?", [(v, k) for k, v in next_seq.items()])
+        self._bump_many(cur, deltas)
+        return out
 
     # --- settlement -------------------------------------------------------------------------
     def settle_many(self, settlements: Iterable[Settlement]) -> None:
         """Close reservations; answers feed the length statistics (a lost attempt counts as max_tokens)."""
-        touched: set[str] = set()
+        items = [(st.reservation, st.usd, st.tokens, st.kind) for st in settlements]
         with self._tx() as cur:
-            for s in settlements:
-                res = s.reservation
-                if not self._move(cur, res, s.usd, s.tokens, s.kind):
-                    continue
-                touched.add(res.dataset)
+            closed = self._close_many(cur, items)
+            answers = []
+            for i in closed:
+                res, _, tokens, kind = items[i]
                 # An attempt whose answer was lost may have run long (timeouts do): count it at its maximum.
-                length = s.tokens if s.kind == "settled" else res.tokens if s.kind == "uncertain" else None
+                length = tokens if kind == "settled" else res.tokens if kind == "uncertain" else None
                 if length is not None:
-                    cur.execute("INSERT INTO answers VALUES (?,?,?)", (res.dataset, res.seq, int(length)))
-            for dataset in touched:
+                    answers.append((res.dataset, res.seq, int(length)))
+            cur.executemany("INSERT INTO answers VALUES (?,?,?)", answers)
+            for dataset in {items[i][0].dataset for i in closed}:
                 self._refresh_lengths(cur, dataset)
 
     def _refresh_lengths(self, cur: sqlite3.Cursor, dataset: str) -> None:
@@ -531,12 +584,9 @@ class BudgetLedger:
             "SELECT id, dataset, partition, prompt_id, usd, tokens, seq, hard FROM reservations WHERE owner = ?",
             (owner,),
         ).fetchall()
-        touched = set()
-        for row in rows:
-            res = Reservation(*row[:4], row[4] / NANO, row[5], row[6], bool(row[7]))
-            self._move(cur, res, res.usd, 0, "orphan")
-            touched.add(res.dataset)
-        for dataset in touched:
+        orphans = [Reservation(*row[:4], row[4] / NANO, row[5], row[6], bool(row[7])) for row in rows]
+        self._close_many(cur, [(res, res.usd, 0, "orphan") for res in orphans])
+        for dataset in {res.dataset for res in orphans}:
             self._refresh_lengths(cur, dataset)
         cur.execute("DELETE FROM owners WHERE owner = ?", (owner,))
         cur.execute("DELETE FROM slots WHERE owner = ?", (owner,))

@@ -1,26 +1,36 @@
 """Generate one partition: admit prompts under the budget, retry what is transient, journal the rest.
 
 The loop's promises, in order of importance:
-1. never spend past the dollar budget (every request is reserved at worst case before it is sent);
+1. never spend past the dollar budget: every request is reserved in the shared ledger before it is
+   sent — at its worst case in ``hard`` mode, else within the statistical bound of ``admission``
+   (passed with probability below 1e-6 per run);
 2. never lose or duplicate a finished response (journal fsync before anything counts);
-3. keep up to ``max_in_flight`` requests busy, adapting down on 429s;
+3. keep up to ``max_in_flight`` requests busy — one number for the whole account, leased from the
+   ledger — adapting down on 429s;
 4. stop cleanly (in-flight requests finish, everything is persisted) when money runs out.
+
+Admission runs ahead of the requests: a dispatcher reserves prompts in chunks into a ready queue,
+and each worker takes the next prompt as soon as its answer is handled, in the same task step. A
+wave of 2000 answers is therefore not followed by 2000 semaphore releases, task creations and loop
+passes before the next requests go out.
 """
 
 import asyncio
 import contextlib
 import logging
+import math
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from eagle_assets.datasets.prompts import Prompt
+from eagle_assets.generation.admission import AdmissionPolicy
 from eagle_assets.generation.concurrency import AdaptiveLimiter
 from eagle_assets.generation.journal import Journal
-from eagle_assets.generation.ledger import BudgetLedger, Denial, Reservation, Settlement
+from eagle_assets.generation.ledger import BudgetLedger, Denial, Reservation, ReservationRequest, Settlement
 from eagle_assets.generation.records import skipped_record, success_record
 from eagle_assets.generation.retry_policy import RetryPolicy
 from resources.openrouter.account import read_account_cap
@@ -49,10 +59,17 @@ class GenerationSettings:
     key_poll_interval_s: float = 15.0
     progress_interval_s: float = 5.0
     commit_interval_s: float = 0.05
-    reserve_chunk: int = 64
+    reserve_chunk: int = 64  # prompts reserved per ledger transaction, and kept ready ahead of the workers
     # Slow start: open the first max_in_flight requests over this many seconds instead of in one burst,
     # so connection setup and the first wave of responses do not all land at the same instant.
-    startup_ramp_s: float = 1.0
+    startup_ramp_s: float = 0.25
+    # What a reservation holds (``admission``): the statistical bound by default, the worst case in hard mode.
+    admission: AdmissionPolicy = field(default_factory=AdmissionPolicy)
+    # Once a budget refuses, requests start again only in batches of this share of max_in_flight, and the
+    # run stops when fewer fit with nothing of its own in flight: the last crumbs of a budget are not worth
+    # a round trip each at a handful in flight.
+    tail_fraction: float = 0.05
+    slot_lease_interval_s: float = 0.1  # how often the account-wide in-flight share is renewed
     # Streaming (``stream: true``): the generation id arrives with the first chunk, so an attempt cut
     # off later is settled exactly from /generation, and a stream that sends no data event for
     # ``stream_idle_timeout_s`` is abandoned as stalled instead of waiting for the request timeout.
@@ -68,6 +85,8 @@ class GenerationSettings:
             raise ValueError("max_in_flight must be positive")
         if self.stream_idle_timeout_s <= 0:
             raise ValueError("stream_idle_timeout_s must be positive")
+        if not 0.0 <= self.tail_fraction < 1.0:
+            raise ValueError("tail_fraction must be in [0, 1)")
 
 
 @dataclass
@@ -147,7 +166,17 @@ class PartitionRunner:
         self.report = PartitionReport(job.key, total=len(job.prompts))
         self.report.allowed_providers = sorted({n for e in providers.allowed for n in (e.provider_name, e.slug)})
         self.limiter = AdaptiveLimiter(settings.max_in_flight, min(settings.min_in_flight, settings.max_in_flight))
-        self._active = asyncio.Semaphore(settings.max_in_flight)
+        # The ledger decides what a reservation holds and how answers feed the statistics: this run's policy.
+        ledger.policy = settings.admission
+        self._ready: deque[tuple[Prompt, Reservation]] = deque()  # reserved, waiting for a worker
+        self._workers = 0  # worker tasks alive (each works one prompt at a time)
+        self._busy = 0  # prompts a worker is working on
+        self._slot_limit = settings.max_in_flight  # this process's share of the account's in-flight cap
+        self._ramp_start = 0.0
+        self._at_wall = False  # a budget has refused: reserve only in batches of tail_min
+        self._tail_min = max(1, math.ceil(settings.tail_fraction * settings.max_in_flight))
+        self._wake = asyncio.Event()  # the dispatcher: ready is running low, budget freed, or the share changed
+        self._requests: dict[str, ReservationRequest] = {}
         self._commit_q: asyncio.Queue[tuple[dict[str, Any], Reservation | None]] = asyncio.Queue()
         self._stop_admitting = asyncio.Event()
         self._abort = asyncio.Event()  # credits gone or fatal: abandon retries too
@@ -161,9 +190,30 @@ class PartitionRunner:
         self._tasks: set[asyncio.Task[None]] = set()
 
     # --- cost model ---------------------------------------------------------------------------
+    def prompt_usd(self, prompt: Prompt) -> float:
+        """The prompt's part of the worst case: the estimate with a margin, at the dearest allowed price."""
+        return (self.estimate(prompt) * self.s.reservation_margin + 16) * self.providers.max_prompt_price
+
     def worst_case_usd(self, prompt: Prompt) -> float:
-        prompt_tokens = self.estimate(prompt) * self.s.reservation_margin + 16
-        return prompt_tokens * self.providers.max_prompt_price + self.s.max_tokens * self.providers.max_completion_price
+        return self.prompt_usd(prompt) + self.s.max_tokens * self.providers.max_completion_price
+
+    def _request(self, prompt: Prompt) -> ReservationRequest:
+        """What a reservation of this prompt asks for; kept, since a refused prompt is asked for again."""
+        req = self._requests.get(prompt.prompt_id)
+        if req is None:
+            fixed = self.prompt_usd(prompt)
+            price = self.providers.max_completion_price
+            req = ReservationRequest(
+                self.job.dataset,
+                self.job.key,
+                prompt.prompt_id,
+                fixed + self.s.max_tokens * price,
+                self.s.max_tokens,
+                fixed,
+                price,
+            )
+            self._requests[prompt.prompt_id] = req
+        return req
 
     def payload(self, prompt: Prompt) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -225,77 +275,137 @@ class PartitionRunner:
         self.emit(self._progress_line(time.monotonic() - start, final=True))
         return r
 
-    async def _ramp(self, launched: int, started: float) -> None:
-        if self.s.startup_ramp_s <= 0 or launched >= self.s.max_in_flight:
-            return
-        due = started + self.s.startup_ramp_s * launched / self.s.max_in_flight
-        wait = due - time.monotonic()
-        if wait > 0.005:
-            await asyncio.sleep(wait)
+    # --- admission ----------------------------------------------------------------------------
+    def _limit_now(self) -> int:
+        """Prompts this process may work on at once: its account-wide share, opened gradually at the start."""
+        limit = self._slot_limit
+        ramp = self.s.startup_ramp_s
+        if ramp > 0:
+            elapsed = time.monotonic() - self._ramp_start
+            if elapsed < ramp:
+                limit = min(limit, max(1, math.ceil(self.s.max_in_flight * elapsed / ramp)))
+        return limit
+
+    def _lease(self, queued: int) -> None:
+        want = min(self.s.max_in_flight, self._workers + len(self._ready) + queued)
+        limit = self.ledger.lease_slots(want, self._workers, self.s.max_in_flight)
+        if limit != self._slot_limit:
+            self._slot_limit = limit
+            self._wake.set()
+
+    async def _lease_loop(self, queue: deque[Prompt]) -> None:
+        while True:
+            await asyncio.sleep(self.s.slot_lease_interval_s)
+            self._lease(len(queue))
+
+    def _staff(self) -> None:
+        """Start workers for ready prompts, up to the limit (a worker keeps going while prompts are ready)."""
+        limit = self._limit_now()
+        while self._ready and self._workers < limit and not self._abort.is_set():
+            self._workers += 1
+            t = asyncio.create_task(self._worker())
+            self._tasks.add(t)
+            t.add_done_callback(self._tasks.discard)
+
+    async def _worker(self) -> None:
+        try:
+            while self._ready and self._workers <= self._limit_now() and not self._abort.is_set():
+                prompt, res = self._ready.popleft()
+                if len(self._ready) < self.s.reserve_chunk // 2:
+                    self._wake.set()
+                self._busy += 1
+                try:
+                    await self._attempts(prompt, res)
+                finally:
+                    self._busy -= 1
+        finally:
+            self._workers -= 1
+            self._wake.set()
+
+    async def _wait_wake(self, timeout: float | None) -> None:
+        if not self._wake.is_set():
+            if timeout is None:
+                await self._wake.wait()
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout)
+        self._wake.clear()
 
     async def _dispatch(self, pending: list[Prompt]) -> None:
-        queue = list(reversed(pending))
-        launched, started = 0, time.monotonic()
-        while queue and not self._stop_admitting.is_set():
-            chunk: list[Prompt] = []
-            while queue and len(chunk) < self.s.reserve_chunk:
-                chunk.append(queue.pop())
-            granted, denial = self._reserve(chunk)
-            for p in reversed(chunk[len(granted) :]):
-                queue.append(p)
-            if not granted:
-                if self._tasks:
-                    # Headroom is held by requests still running: wait for one to finish and settle.
-                    await asyncio.wait(set(self._tasks), return_when=asyncio.FIRST_COMPLETED)
-                    await self._commit_q.join()
-                    continue
-                await self._commit_q.join()
-                granted, denial = self._reserve(chunk[:1])
-                if not granted:
-                    assert denial is not None
-                    self._stop_for(denial)
-                    break
-                queue.pop()
-                chunk = chunk[:1]
-            for prompt, res in zip(chunk, granted, strict=False):
-                await self._ramp(launched, started)
-                launched += 1
-                await self._active.acquire()
-                if self._abort.is_set():
-                    self._active.release()
-                    self.ledger.release(res)
-                    continue
-                t = asyncio.create_task(self._work(prompt, res))
-                self._tasks.add(t)
-                t.add_done_callback(self._tasks.discard)
+        """Keep the workers supplied with reserved prompts until none are left or a budget stops the run.
 
-    def _reserve(self, prompts: list[Prompt]) -> tuple[list[Reservation], Denial | None]:
-        """Reserve, in order, as many prompts as the budgets and the key's remaining credit allow."""
-        costs = [self.worst_case_usd(p) for p in prompts]
-        if self._account_remaining is not None:
-            totals = self.ledger.totals()
-            left = self._account_remaining - (totals.usd_spent - self._spent_at_poll)
-            headroom = left - totals.usd_reserved
-            fit = 0
-            for c in costs:
-                if c > headroom:
-                    break
-                headroom -= c
-                fit += 1
-            if fit == 0:
-                return [], Denial(
-                    "credits",
-                    f"the key has ${left:.4f} left, less than one request's worst case"
-                    f" (${costs[0]:.4f}) beyond what is reserved",
-                )
-            prompts, costs = prompts[:fit], costs[:fit]
+        Reservations run ``reserve_chunk`` ahead of the workers. Once a budget refuses (the wall), they
+        are made only in batches of ``tail_min``, and the run stops when fewer fit while nothing of its
+        own is in flight: a few requests at a time would each cost a full round trip.
+        """
+        queue = deque(pending)
+        self._ramp_start = time.monotonic()
+        self._lease(len(queue))
+        leaser = asyncio.create_task(self._lease_loop(queue))
+        try:
+            while queue and not self._stop_admitting.is_set():
+                limit = self._limit_now()
+                ahead = 0 if self._at_wall else self.s.reserve_chunk
+                room = limit + ahead - self._busy - len(self._ready)
+                if room <= 0:
+                    self._staff()
+                    ramping = limit < self._slot_limit
+                    await self._wait_wake(0.01 if ramping else (0.25 if self._at_wall else None))
+                    continue
+                size = min(len(queue), room, max(self.s.reserve_chunk, self._tail_min))
+                chunk = [queue.popleft() for _ in range(size)]
+                min_grant = min(self._tail_min, size) if self._at_wall else 1
+                granted, denial = self._reserve(chunk, min_grant)
+                for p in reversed(chunk[len(granted) :]):
+                    queue.appendleft(p)
+                self._ready.extend(zip(chunk, granted, strict=False))
+                self._staff()
+                if denial is None:
+                    continue
+                self._at_wall = True
+                if granted:
+                    continue
+                if self._busy == 0 and not self._ready:
+                    # Nothing of ours runs: once its settlements are in, what fits now is all there is.
+                    await self._commit_q.join()
+                    granted, denial = self._reserve(chunk[:size], min(self._tail_min, size))
+                    if not granted:
+                        assert denial is not None
+                        self._stop_for(denial)
+                        break
+                    for _ in granted:
+                        queue.popleft()
+                    self._ready.extend(zip(chunk, granted, strict=False))
+                    self._staff()
+                    continue
+                # Headroom is held by requests still running, here or in other processes: look again when
+                # settlements come in (at most once per commit interval), or after a while for the others.
+                await asyncio.sleep(self.s.commit_interval_s)
+                await self._wait_wake(0.25)
+            # The queue is done (or admission stopped): the workers finish what is ready and running.
+            while self._tasks:
+                await asyncio.wait(set(self._tasks))
+        finally:
+            leaser.cancel()
+            await asyncio.gather(leaser, return_exceptions=True)
+            for _, res in self._ready:  # reserved but never sent (an abort): give them back
+                self.ledger.release(res)
+            self._ready.clear()
+            self.ledger.lease_slots(0, self._workers, self.s.max_in_flight)
+
+    def _reserve(self, prompts: list[Prompt], min_grant: int = 1) -> tuple[list[Reservation], Denial | None]:
+        """Reserve, in order, as many prompts as the budgets and the account's remaining credit allow.
+
+        The key's remaining credit caps the ledger's total: what was spent when it was last polled plus
+        what the key had left then (spend since then is in the ledger already).
+        """
+        cap = None if self._account_remaining is None else self._spent_at_poll + self._account_remaining
         return self.ledger.reserve_many(
-            [
-                (self.job.dataset, self.job.key, p.prompt_id, c, self.s.max_tokens)
-                for p, c in zip(prompts, costs, strict=True)
-            ],
+            [self._request(p) for p in prompts],
             budget_usd=self.s.budget_usd,
             token_budget=self.job.token_budget,
+            account_cap_usd=cap,
+            min_grant=min_grant,
         )
 
     def _stop_for(self, denial: Denial) -> None:
@@ -315,12 +425,6 @@ class PartitionRunner:
             self._abort.set()
 
     # --- one prompt ---------------------------------------------------------------------------
-    async def _work(self, prompt: Prompt, res: Reservation) -> None:
-        try:
-            await self._attempts(prompt, res)
-        finally:
-            self._active.release()
-
     async def _attempts(self, prompt: Prompt, res: Reservation) -> None:
         attempts = failures = congestion_waits = 0
         payload = self.payload(prompt)
@@ -472,6 +576,8 @@ class PartitionRunner:
             finally:
                 for _ in batch:
                     self._commit_q.task_done()
+                if self._at_wall:
+                    self._wake.set()  # settlements free budget: the dispatcher may admit again
 
     def _commit(self, journal: Journal, batch: list[tuple[dict[str, Any], Reservation | None]]) -> None:
         fresh = {r["prompt_id"] for r in journal.append_many([r for r, _ in batch])}
@@ -528,9 +634,9 @@ class PartitionRunner:
         rate = r.requests / elapsed if elapsed > 0 else 0.0
         return (
             f"{'done ' if final else ''}{r.partition}: {r.done}/{r.total} prompts | out {r.output_tokens:,} tok"
-            f" | ${r.spent_usd:.4f} this run, ${t.usd_spent:.4f} spent + ${t.usd_reserved:.4f} reserved of"
-            f" ${self.s.budget_usd:.2f} | {rate:.1f} req/s | in flight {self.limiter.in_flight}/"
-            f"{self.limiter.current} | errors: {errs}"
+            f" | ${r.spent_usd:.4f} this run, ${t.usd_spent:.4f} spent + ${self.ledger.open_held_usd():.4f} held"
+            f" ({self.s.admission.mode}) of ${self.s.budget_usd:.2f} | {rate:.1f} req/s | in flight"
+            f" {self.limiter.in_flight}/{min(self.limiter.current, self._slot_limit)} | errors: {errs}"
         )
 
     async def _progress_loop(self, start: float) -> None:

@@ -24,6 +24,7 @@ def simulator_base_url() -> str:
 def openrouter_from_env() -> OpenRouterResource:
     target = os.environ.get("EAGLE_FORGE_TARGET", "simulator").strip().lower()
     budget = float(os.environ.get("EAGLE_FORGE_BUDGET_USD", "100"))
+    budget_mode = os.environ.get("EAGLE_FORGE_BUDGET_MODE", "statistical").strip().lower()  # or "hard"
     key_file = os.environ.get("EAGLE_FORGE_KEY_FILE")
     if target == "simulator":
         # A real key in /tmp/or-key.txt has no business going to the simulator: only an explicit file is read.
@@ -33,6 +34,7 @@ def openrouter_from_env() -> OpenRouterResource:
             api_key_env="EAGLE_FORGE_SIM_KEY",
             start_embedded_simulator=True,
             budget_usd=budget,
+            budget_mode=budget_mode,
             max_tokens=int(os.environ.get("EAGLE_FORGE_MAX_TOKENS", "1024")),
             max_in_flight=int(os.environ.get("EAGLE_FORGE_MAX_IN_FLIGHT", "2000")),
             request_timeout_s=float(os.environ.get("EAGLE_FORGE_REQUEST_TIMEOUT_S", "120")),
@@ -40,5 +42,7 @@ def openrouter_from_env() -> OpenRouterResource:
             key_poll_interval_s=2.0,
         )
     if target == "openrouter":
-        return OpenRouterResource(budget_usd=budget, **({"api_key_file": key_file} if key_file else {}))
+        return OpenRouterResource(
+            budget_usd=budget, budget_mode=budget_mode, **({"api_key_file": key_file} if key_file else {})
+        )
     raise TargetConfigError(f"EAGLE_FORGE_TARGET must be 'simulator' or 'openrouter', got {target!r}")

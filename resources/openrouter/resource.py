@@ -16,6 +16,7 @@ from dagster import ConfigurableResource
 from pydantic import Field
 
 from eagle_assets import settings as forge_settings
+from eagle_assets.generation.admission import AdmissionPolicy
 from eagle_assets.generation.estimate import tokenizer_estimator
 from eagle_assets.generation.ledger import BudgetLedger
 from eagle_assets.generation.retry_policy import RetryPolicy
@@ -76,7 +77,17 @@ class OpenRouterResource(ConfigurableResource):
     stream_idle_timeout_s: float = Field(60.0, description="Abandon a stream with no data event for this long")
     max_in_flight: int = Field(2000, description="Upper bound of concurrent requests (AIMD adapts below it)")
     min_in_flight: int = 4
-    budget_usd: float = Field(100.0, description="Hard dollar budget across all runs (persisted ledger)")
+    budget_usd: float = Field(100.0, description="Dollar budget across all runs (persisted ledger)")
+    budget_mode: str = Field(
+        "statistical",
+        description="statistical: the requests in flight hold n·μ + z·σ·√n of the budget from the measured answer"
+        " lengths (passed with probability below overspend_probability per run); hard: each holds its worst case"
+        " (max_tokens at the dearest price), never passed, at a fraction of the concurrency",
+    )
+    overspend_probability: float = Field(1e-6, description="statistical mode: chance per run of passing budget_usd")
+    token_overshoot: float = Field(
+        0.01, description="A dataset's output-token budget is a target: allowed overshoot, as a fraction of it"
+    )
     ledger_path: str = Field("", description="Ledger SQLite file; default $EAGLE_FORGE_HOME/state/ledger.sqlite")
     tokenizer_path: str = Field(
         "",
@@ -137,6 +148,11 @@ class OpenRouterResource(ConfigurableResource):
             progress_interval_s=self.progress_interval_s,
             stream=self.stream,
             stream_idle_timeout_s=self.stream_idle_timeout_s,
+            admission=AdmissionPolicy(
+                mode=self.budget_mode,
+                overspend_probability=self.overspend_probability,
+                token_overshoot=self.token_overshoot,
+            ),
         )
 
     def ledger_file(self) -> Path:
@@ -176,12 +192,11 @@ class OpenRouterResource(ConfigurableResource):
         """Dollars that could be spent now: the account cap in force (the key's limit, else the account's
         credits where /credits answers), capped by the budget's headroom."""
         self.ensure_server()
-        ledger = BudgetLedger(self.ledger_file())
+        ledger = BudgetLedger(self.ledger_file(), policy=self.generation_settings().admission)
         try:
-            totals = ledger.totals()
+            headroom = self.budget_usd - ledger.totals().usd_spent - ledger.open_held_usd()
         finally:
             ledger.close()
-        headroom = self.budget_usd - totals.usd_spent - totals.usd_reserved
 
         async def remaining() -> float | None:
             async with self.client() as client:

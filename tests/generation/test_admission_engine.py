@@ -1,0 +1,205 @@
+"""Admission through the real runner: the simulator over HTTP on 127.0.0.1, a real SQLite ledger, real processes."""
+
+import asyncio
+import multiprocessing
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from eagle_assets.generation.admission import AdmissionPolicy
+from eagle_assets.generation.journal import read_records
+from eagle_assets.generation.ledger import BudgetLedger
+from eagle_assets.generation.retry_policy import RetryPolicy
+from eagle_assets.generation.runner import GenerationSettings, PartitionJob, PartitionReport, PartitionRunner
+from resources.openrouter.client import OpenRouterClient
+from resources.openrouter.providers import ProviderPolicy, ProviderTable, parse_endpoints
+from resources.openrouter.secret import ApiKey
+from resources.simulator.config import LatencyConfig
+from resources.simulator.control import run_simulator_in_thread
+from tests.generation.conftest import MODEL, make_prompts, sim_config
+
+MAX_TOKENS = 1024
+
+
+def run_partition(
+    base_url: str,
+    tmp: Path,
+    prompts: list,
+    *,
+    dataset: str = "T1",
+    shard: str = "0000",
+    budget: float = 100.0,
+    token_budget: int = 10**9,
+    max_in_flight: int = 64,
+    max_tokens: int = MAX_TOKENS,
+    policy: AdmissionPolicy | None = None,
+    key_poll_s: float = 0.2,
+) -> PartitionReport:
+    """One partition through the real runner; a module-level function, so a spawned process can run it."""
+    settings = GenerationSettings(
+        model=MODEL,
+        max_tokens=max_tokens,
+        budget_usd=budget,
+        max_in_flight=max_in_flight,
+        retry=RetryPolicy(max_attempts=8, base_delay_s=0.01, max_delay_s=0.1, retry_after_cap_s=0.2),
+        progress_interval_s=0.5,
+        key_poll_interval_s=key_poll_s,
+        commit_interval_s=0.01,
+        admission=policy or AdmissionPolicy(),
+    )
+    job = PartitionJob(dataset, shard, prompts, token_budget, tmp / "journal" / dataset / f"{shard}.journal")
+
+    async def go() -> PartitionReport:
+        ledger = BudgetLedger(tmp / "ledger.sqlite")
+        try:
+            async with OpenRouterClient(base_url, ApiKey("sk-test"), max_connections=max_in_flight) as client:
+                table = ProviderTable(parse_endpoints(await client.endpoints(MODEL)), ProviderPolicy())
+                runner = PartitionRunner(job, client, ledger, table, settings, lambda p: 24, emit=lambda s: None)
+                return await runner.run()
+        finally:
+            ledger.close()
+
+    return asyncio.run(go())
+
+
+def journal(tmp: Path, dataset: str = "T1", shard: str = "0000") -> list[dict[str, Any]]:
+    return read_records(tmp / "journal" / dataset / f"{shard}.journal")
+
+
+def totals(tmp: Path, dataset: str | None = None):
+    led = BudgetLedger(tmp / "ledger.sqlite")
+    try:
+        return led.totals(dataset)
+    finally:
+        led.close()
+
+
+def assert_consistent(tmp: Path, stats: dict[str, Any], dataset: str = "T1") -> list[dict[str, Any]]:
+    """Every billed answer journaled once, nothing held afterwards, the ledger's spend = the simulator's bill."""
+    recs = journal(tmp, dataset)
+    ids = [r["prompt_id"] for r in recs]
+    assert len(ids) == len(set(ids))
+    assert stats["hashes_billed_more_than_once"] == []
+    t = totals(tmp)
+    assert t.usd_reserved == 0 and t.in_flight == 0
+    assert t.usd_spent == pytest.approx(stats["billed_usd"], rel=1e-9)
+    return recs
+
+
+@pytest.mark.parametrize("mode", ["statistical", "hard"])
+def test_dollar_budget_statistical_keeps_the_cap_busy_hard_holds_worst_cases(tmp_path, mode):
+    cfg = sim_config(latency=LatencyConfig.fixed(0.1), mean_completion_tokens=60)
+    budget, cap = 0.3, 300
+    with run_simulator_in_thread(cfg) as sim:
+        report = run_partition(
+            sim.base_url,
+            tmp_path,
+            make_prompts(4000),
+            budget=budget,
+            max_in_flight=cap,
+            policy=AdmissionPolicy(mode=mode),
+        )
+        stats = sim.stats(0)
+    assert report.stop_reason == "budget", report.summary()
+    assert_consistent(tmp_path, stats)
+    spent = totals(tmp_path).usd_spent
+    assert spent <= budget and stats["billed_usd"] <= budget
+    worst = MAX_TOKENS * 2.8e-6  # the dearest allowed completion price of the simulator's providers
+    if mode == "hard":
+        assert stats["peak_in_flight"] <= budget // worst  # never more than the worst cases fit
+    else:
+        # ~300 in flight (the cap), though 300 worst cases would be $0.86 of the $0.30
+        assert stats["peak_in_flight"] >= 0.9 * cap > 2 * (budget // worst)
+        assert spent >= 0.85 * budget  # and it stops near the budget, not a wave early
+
+
+def test_token_target_admits_past_max_tokens_and_bounds_the_overshoot(tmp_path):
+    cfg = sim_config(latency=LatencyConfig.fixed(0.05), mean_completion_tokens=60)
+    # max_tokens 256 against answers of ~100 tokens; the tolerance (1% of the budget) is ~6 max_tokens, as in
+    # production (10M against 16,384).
+    budget, max_tokens = 150_000, 256
+    policy = AdmissionPolicy(min_samples=50)
+    with run_simulator_in_thread(cfg) as sim:
+        report = run_partition(
+            sim.base_url,
+            tmp_path,
+            make_prompts(3000),
+            token_budget=budget,
+            max_in_flight=1000,
+            max_tokens=max_tokens,
+            policy=policy,
+        )
+        stats = sim.stats(0)
+    assert report.stop_reason == "tokens", report.summary()
+    recs = assert_consistent(tmp_path, stats)
+    produced = sum(r["completion_tokens"] for r in recs if r["status"] == "ok")
+    assert produced == totals(tmp_path, "T1").tokens_spent == report.output_tokens
+    assert budget * 0.95 <= produced <= budget * (1 + policy.token_overshoot)
+    assert stats["peak_in_flight"] > budget // max_tokens  # more than max_tokens alone would ever allow
+
+
+def test_credits_402_stops_admission_and_in_flight_answers_are_journaled(tmp_path):
+    """The key's balance drops behind the ledger's back (another spender): the 402s stop the run, resumably."""
+    cfg = sim_config(latency=LatencyConfig.fixed(0.3), mean_completion_tokens=60, credits=50.0)
+    prompts = make_prompts(3000)
+    with run_simulator_in_thread(cfg) as sim:
+
+        def other_spender() -> None:
+            time.sleep(0.5)  # while ~200 requests are in flight
+            sim.call(lambda: setattr(sim.state.account, "usage", sim.state.account.limit - 0.001))
+
+        spender = threading.Thread(target=other_spender)
+        spender.start()
+        report = run_partition(sim.base_url, tmp_path, prompts, max_in_flight=200, key_poll_s=3600)
+        spender.join()
+        stats = sim.stats(None)
+        assert report.stop_reason == "credits", report.summary()
+        assert report.errors["credits_exhausted"] >= 1
+        recs = assert_consistent(tmp_path, stats)
+        # Every request the simulator accepted and billed was journaled: the in-flight ones finished.
+        billed = [g for g in stats["generations"] if g["cost"] > 0]
+        assert len([r for r in recs if r["status"] == "ok"]) == len(billed) > 0
+        assert 0 < report.done < len(prompts)
+        # After a top-up the same partition resumes and completes, nothing bought twice.
+        sim.topup(100.0)
+        report2 = run_partition(sim.base_url, tmp_path, prompts, max_in_flight=200)
+        assert report2.stop_reason == "completed" and report2.already_done == report.done
+        assert_consistent(tmp_path, sim.stats(0))
+        assert {r["prompt_id"] for r in journal(tmp_path)} == {p.prompt_id for p in prompts}
+
+
+def _partition_process(base_url: str, tmp: str, dataset: str, n: int, cap: int, out) -> None:
+    start = time.monotonic()
+    report = run_partition(base_url, Path(tmp), make_prompts(n, tag=dataset), dataset=dataset, max_in_flight=cap)
+    out.put((dataset, report.stop_reason, report.done, report.peak_in_flight, start, time.monotonic()))
+
+
+def test_two_processes_share_one_account_wide_in_flight_cap(tmp_path):
+    cap = 60
+    cfg = sim_config(latency=LatencyConfig.fixed(0.2), mean_completion_tokens=40)
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    with run_simulator_in_thread(cfg) as sim:
+        procs = [
+            ctx.Process(target=_partition_process, args=(sim.base_url, str(tmp_path), d, 600, cap, out))
+            for d in ("D1", "D2")
+        ]
+        for p in procs:
+            p.start()
+        results = {r[0]: r for r in (out.get(timeout=120) for _ in procs)}
+        for p in procs:
+            p.join(30)
+        stats = sim.stats(0)
+    assert all(r[1] == "completed" and r[2] == 600 for r in results.values()), results
+    # Each process was allowed 60 on its own; together they never had more than 60 at the simulator ...
+    assert stats["peak_in_flight"] <= cap
+    # ... and they did run side by side, sharing it (neither waited for the other to finish).
+    (_, _, _, peak1, s1, e1), (_, _, _, peak2, s2, e2) = results.values()
+    overlap = min(e1, e2) - max(s1, s2)
+    assert overlap > 0.5 * min(e1 - s1, e2 - s2)
+    assert min(peak1, peak2) >= 0.4 * cap  # fair shares: neither was starved by the other
+    t = totals(tmp_path)
+    assert t.in_flight == 0 and t.usd_reserved == 0
