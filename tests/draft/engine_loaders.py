@@ -77,13 +77,20 @@ class EngineParam:
         device: str = "cpu",
     ) -> None:
         self.name = name
-        self.data = torch.zeros(shape, dtype=dtype, device=device)
+        self._shape, self._dtype, self._device = tuple(shape), dtype, device
+        self._data: torch.Tensor | None = None  # allocated on first load: a shared embedding never is
         self.shards = dict(shards or {})
         self.filled: set[ShardId] = set()
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return tuple(self.data.shape)
+        return self._shape
+
+    @property
+    def data(self) -> torch.Tensor:
+        if self._data is None:
+            self._data = torch.zeros(self._shape, dtype=self._dtype, device=self._device)
+        return self._data
 
     def load(self, weight: torch.Tensor, shard: ShardId = None) -> None:
         if shard is None:
