@@ -124,6 +124,8 @@ def render_chat(
 ) -> str:
     """Render ``messages`` (and ``tools``) to the text the serving stack feeds the tokenizer.
 
-    ``kwargs`` reach the template as variables (``preserve_thinking``, ``thinking``, ...).
+    ``kwargs`` reach the template as variables (``thinking``, ``tools_ts_str``, ...). This is HF's
+    generic rendering; what Kimi's own tokenizer adds (the TypeScript tool declaration) is
+    ``chat_encoding.render_kimi_chat``.
     """
     return render_normalized(template, normalize_messages(messages), tools, add_generation_prompt, kwargs)

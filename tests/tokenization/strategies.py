@@ -133,8 +133,8 @@ def user_content(specials: bool = False) -> st.SearchStrategy[Any]:
 def prompts(draw: st.DrawFn, specials: bool = False) -> list[dict[str, Any]]:
     """A prompt ending where the assistant speaks next (after a user or tool message).
 
-    History assistant turns carry reasoning only after the last plain assistant turn, where the
-    template keeps it whether or not ``preserve_thinking`` is set.
+    History assistant turns carry reasoning only after the last plain assistant turn, the only place
+    the K2.5 template renders it.
     """
     messages: list[dict[str, Any]] = []
     if draw(st.booleans()):

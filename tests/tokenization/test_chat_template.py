@@ -8,8 +8,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers.utils.chat_template_utils import render_jinja_template
 
+from eagle_assets.tokenization.chat_encoding import render_kimi_chat
 from eagle_assets.tokenization.chat_template import compile_template, normalize_messages, render_chat
-from tests.tokenization.strategies import prompts, records, tools_strategy
+from eagle_assets.tokenization.tool_declaration import declare_tools
+from tests.tokenization.strategies import prompts, records, tool_lists, tools_strategy
 
 SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -29,10 +31,10 @@ def hf_render(template, messages, tools=None, add_generation_prompt=False, **kwa
 
 
 @SETTINGS
-@given(messages=prompts(specials=True), tools=tools_strategy(specials=True), gen=st.booleans(), keep=st.booleans())
-def test_matches_transformers_renderer(tok, messages, tools, gen, keep):
-    ours = render_chat(tok.chat_template, messages, tools, add_generation_prompt=gen, preserve_thinking=keep)
-    assert ours == hf_render(tok.chat_template, messages, tools, add_generation_prompt=gen, preserve_thinking=keep)
+@given(messages=prompts(specials=True), tools=tools_strategy(specials=True), gen=st.booleans(), think=st.booleans())
+def test_matches_transformers_renderer(tok, messages, tools, gen, think):
+    ours = render_chat(tok.chat_template, messages, tools, add_generation_prompt=gen, thinking=think)
+    assert ours == hf_render(tok.chat_template, messages, tools, add_generation_prompt=gen, thinking=think)
 
 
 @settings(max_examples=60, deadline=None)
@@ -42,9 +44,18 @@ def test_matches_transformers_renderer_with_final_assistant(tok, record):
     if record["tool_calls"]:
         final["tool_calls"] = record["tool_calls"]
     messages = [*record["messages"], final]
-    for kwargs in ({}, {"preserve_thinking": True}, {"thinking": False}):
+    for kwargs in ({}, {"thinking": True}, {"thinking": False}):
         ours = render_chat(tok.chat_template, messages, record["tools"], **kwargs)
         assert ours == hf_render(tok.chat_template, messages, record["tools"], **kwargs)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(messages=prompts(specials=True), tools=tool_lists(specials=True), gen=st.booleans())
+def test_kimi_render_is_transformers_given_the_release_inputs(tok, messages, tools, gen):
+    # The release's apply_chat_template hands transformers deep-sorted tools and tools_ts_str.
+    declared = declare_tools(tools)
+    expected = hf_render(tok.chat_template, messages, declared.tools, gen, **declared.template_kwargs())
+    assert render_kimi_chat(tok.chat_template, messages, tools, add_generation_prompt=gen) == expected
 
 
 def test_tojson_keeps_order_and_unicode_and_accepts_options():
