@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             f"untrained {md['acceptance_length_untrained'].value:.2f}; per position "
             f"{md['per_position_accept_rate'].value}"
         )
-        print(f"  exported draft: {latest_export_dir()}/export (SGLang), {latest_export_dir()}/export-vllm (vLLM)")
+        print(f"  exported draft: {latest_export_dir()}/export (SGLang and vLLM)")
     return finish(demo, start, home, sim)
 
 
