@@ -237,6 +237,9 @@ def write_capture_draft(
             ),
         }
         save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    # safetensors writes 0600 whatever the umask; the SGLang server may run as another user.
+    for f in out.iterdir():
+        f.chmod(0o644)
     return out
 
 

@@ -111,6 +111,8 @@ def test_capture_draft_carries_sglang_ids(config):
     with safe_open(f"{config.draft_path}/model.safetensors", framework="pt") as f:
         assert f.get_slice("fc.weight").get_shape() == [64, 192]
         assert f.get_slice("d2t").get_shape() == [32000]
+    for name in ("config.json", "model.safetensors"):  # an SGLang server running as another user reads them
+        assert Path(config.draft_path, name).stat().st_mode & 0o777 == 0o644
 
 
 def test_request_shape():
