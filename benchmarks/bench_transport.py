@@ -7,6 +7,7 @@ ideal, peak memory, and each baseline's ratio against the eagle-forge engine mea
 
     python benchmarks/bench_transport.py                 # engine 10k requests, baselines 2k
     python benchmarks/bench_transport.py --quick         # smaller, for a smoke run
+    python benchmarks/bench_transport.py --variants engine,engine-stream   # plain vs streaming (SSE)
 
 With a fixed latency every slot's requests come back in synchronized waves of 2000, and one event
 loop handles a wave serially: each response waits, on average, half a wave's CPU (~0.5 s here). The
@@ -39,6 +40,11 @@ PAYLOAD = {
 
 def _payload(i: int) -> dict[str, Any]:
     return {**PAYLOAD, "messages": [{"role": "user", "content": f"benchmark prompt {i % 500}"}]}
+
+
+def _set_max_tokens(n: int) -> None:
+    """Longer answers (``--max-tokens``) make streams denser: more chunks per request, same latency."""
+    PAYLOAD["max_tokens"] = n
 
 
 async def _drive(n: int, concurrency: int, send) -> int:
@@ -104,8 +110,11 @@ async def run_openai(url: str, n: int, c: int) -> int:
         await client.close()
 
 
-async def run_engine(url: str, n: int, c: int) -> int:
-    """The full generation engine: reservations, classification, journal fsync, ledger settlement."""
+async def run_engine(url: str, n: int, c: int, stream: bool = False) -> int:
+    """The full generation engine: reservations, classification, journal fsync, ledger settlement.
+
+    ``stream``: the same through ``stream: true`` (SSE reassembled per request, stall detection on).
+    """
     from eagle_assets.datasets.prompts import Prompt
     from eagle_assets.generation.ledger import BudgetLedger
     from eagle_assets.generation.runner import GenerationSettings, PartitionJob, PartitionRunner
@@ -119,11 +128,12 @@ async def run_engine(url: str, n: int, c: int) -> int:
     ledger = BudgetLedger(tmp / "ledger.sqlite")
     settings = GenerationSettings(
         model="moonshotai/kimi-k2.5",
-        max_tokens=64,
+        max_tokens=PAYLOAD["max_tokens"],
         budget_usd=10**6,
         max_in_flight=c,
         progress_interval_s=3600,
         key_poll_interval_s=3600,
+        stream=stream,
     )
     async with OpenRouterClient(url, ApiKey("sk-bench"), max_connections=c) as client:
         table = ProviderTable(parse_endpoints(await client.endpoints("moonshotai/kimi-k2.5")), ProviderPolicy())
@@ -135,6 +145,7 @@ async def run_engine(url: str, n: int, c: int) -> int:
 
 VARIANTS = {
     "engine": run_engine,
+    "engine-stream": lambda u, n, c: run_engine(u, n, c, stream=True),
     "aiohttp": run_aiohttp,
     "httpx": run_httpx,
     "openai": run_openai,
@@ -162,7 +173,7 @@ def worker(variant: str, url: str, n: int, c: int) -> None:
     )
 
 
-def start_simulator(latency: float) -> tuple[subprocess.Popen, str]:
+def start_simulator(latency: float, stream_chunks: int = 12) -> tuple[subprocess.Popen, str]:
     cmd = [
         sys.executable,
         "-m",
@@ -177,6 +188,8 @@ def start_simulator(latency: float) -> tuple[subprocess.Popen, str]:
         str(latency),
         "--seed",
         "0",
+        "--stream-chunks",
+        str(stream_chunks),
     ]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
@@ -194,9 +207,12 @@ def main() -> None:
     ap.add_argument("--baseline-n", type=int, default=2_000)
     ap.add_argument("--concurrency", type=int, default=2000)
     ap.add_argument("--latency", type=float, default=8.0)
-    ap.add_argument("--variants", default="engine,aiohttp,httpx-aiohttp,httpx,openai")
+    ap.add_argument("--variants", default="engine,engine-stream,aiohttp,httpx-aiohttp,httpx,openai")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--max-tokens", type=int, default=64, help="per request (longer answers, denser streams)")
+    ap.add_argument("--stream-chunks", type=int, default=12, help="simulator: stream deltas per reasoning/content")
     a = ap.parse_args()
+    _set_max_tokens(a.max_tokens)
     if a.worker:
         worker(a.worker, a.url, a.n, a.concurrency)
         return
@@ -204,12 +220,12 @@ def main() -> None:
         a.n, a.baseline_n, a.concurrency, a.latency = 2000, 500, 500, 1.0
     import psutil
 
-    sim, url = start_simulator(a.latency)
+    sim, url = start_simulator(a.latency, a.stream_chunks)
     sim_proc = psutil.Process(sim.pid)
     results = {}
     try:
         for v in a.variants.split(","):
-            n = a.n if v in ("engine", "aiohttp") else a.baseline_n
+            n = a.n if v in ("engine", "engine-stream", "aiohttp") else a.baseline_n
             sim_cpu0 = sum(sim_proc.cpu_times()[:2])
             out = subprocess.run(
                 [
@@ -223,6 +239,8 @@ def main() -> None:
                     str(n),
                     "--concurrency",
                     str(a.concurrency),
+                    "--max-tokens",
+                    str(a.max_tokens),
                 ],
                 capture_output=True,
                 text=True,
@@ -257,6 +275,14 @@ def main() -> None:
                     f"  {v:>14}: {r['cpu_ms_per_req'] / base['cpu_ms_per_req']:6.1f}x CPU/req, "
                     f"{r['throughput_frac'] / base['throughput_frac']:5.2f}x throughput fraction"
                 )
+        streamed = results.get("engine-stream")
+        if streamed:
+            ratio = streamed["cpu_ms_per_req"] / base["cpu_ms_per_req"]
+            print(
+                f"\nstreaming vs plain: {streamed['cpu_ms_per_req']:.2f} vs {base['cpu_ms_per_req']:.2f} ms CPU/req"
+                f" ({ratio:.2f}x), {100 * streamed['throughput_frac']:.1f}% vs {100 * base['throughput_frac']:.1f}%"
+                " of ideal"
+            )
         verdict = base["cpu_ms_per_req"] < 1.5 and base["throughput_frac"] >= 0.95
         print(
             f"\ntarget (< 1.5 ms CPU/req, >= 95% of ideal): {'MET' if verdict else 'NOT MET'} "

@@ -8,12 +8,13 @@ answers: it returns a ``RawResponse`` and ``outcomes.classify`` decides what it 
 No real OpenRouter response carries a generation-id header, so the client keeps what it takes to
 find the id: the bytes read so far when a body is cut off (real bodies begin with
 ``{"id":"gen-…"``), and the first chunk of a stream. With ``"stream": true`` in the payload the
-answer is read as SSE and reassembled (``sse.py``); a stream that sends no data event for
-``idle_timeout_s`` (no bytes at all, or only ``: OPENROUTER PROCESSING`` comments) is abandoned as
-``stalled``.
+answer goes through ``stream_transport`` (a lean HTTP/1.1 reader: aiohttp's per-chunk work would
+cost many times a plain request at OpenRouter's chunk density) and is reassembled by ``sse``; a
+stream with no data event for ``idle_timeout_s`` (silence, or only ``: OPENROUTER PROCESSING``
+comments) is abandoned as ``stalled``, and ``stream_read_interval_s`` is how long reading pauses
+so that chunks are taken several at a time.
 """
 
-import asyncio
 import time
 from types import TracebackType
 from typing import Any
@@ -21,9 +22,10 @@ from typing import Any
 import aiohttp
 import orjson
 
-from resources.openrouter.outcomes import RawResponse
+from resources.openrouter.outcomes import RawResponse, generation_id_from_prefix
 from resources.openrouter.secret import ApiKey
-from resources.openrouter.sse import SSEAssembler
+from resources.openrouter.sse import assemble_sse
+from resources.openrouter.stream_transport import StreamPool
 
 _KEPT_HEADERS = ("retry-after", "x-ratelimit-reset")
 _TRANSPORT_ERRORS = (
@@ -53,12 +55,14 @@ class OpenRouterClient:
         request_timeout_s: float = 600.0,
         connect_timeout_s: float = 30.0,
         app_title: str = "eagle-forge",
+        stream_read_interval_s: float = 0.25,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self._key = api_key
         self._max_connections = max_connections
         self._timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_connect=connect_timeout_s)
-        self._stream_timeouts: dict[float, aiohttp.ClientTimeout] = {}
+        self._read_interval_s = stream_read_interval_s
+        self._pool: StreamPool | None = None
         self._headers = {"X-Title": app_title, "Content-Type": "application/json"}
         self._session: aiohttp.ClientSession | None = None
 
@@ -80,6 +84,9 @@ class OpenRouterClient:
         if self._session is not None:
             await self._session.close()
             self._session = None
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -105,57 +112,33 @@ class OpenRouterClient:
         except _TRANSPORT_ERRORS:
             return RawResponse(None, b"".join(parts) or None, {}, "connection", time.monotonic() - start)
 
-    def _stream_timeout(self, idle_timeout_s: float) -> aiohttp.ClientTimeout:
-        hit = self._stream_timeouts.get(idle_timeout_s)
-        if hit is None:
-            # sock_read: no byte at all for this long (the data-event check below covers comment-only gaps).
-            hit = aiohttp.ClientTimeout(
-                total=self._timeout.total, sock_connect=self._timeout.sock_connect, sock_read=idle_timeout_s
-            )
-            self._stream_timeouts[idle_timeout_s] = hit
-        return hit
-
     async def _stream(self, payload: dict[str, Any], idle_timeout_s: float) -> RawResponse:
         start = time.monotonic()
-        asm: SSEAssembler | None = None
-        headers: dict[str, str] = {}
-        try:
-            async with self.session.post(
-                f"{self.base_url}/chat/completions",
-                data=orjson.dumps(payload),
-                timeout=self._stream_timeout(idle_timeout_s),
-            ) as resp:
-                headers = {k: resp.headers[k] for k in _KEPT_HEADERS if k in resp.headers}
-                if resp.status != 200 or resp.content_type != "text/event-stream":
-                    body = await resp.read()  # an error (or a plain JSON answer) comes whole, as without stream
-                    return RawResponse(resp.status, body, headers, None, time.monotonic() - start)
-                asm = SSEAssembler()
-                content = resp.content
-                loop = asyncio.get_running_loop()
-                last_data = loop.time()
-                while chunk := await content.readany():
-                    if asm.feed(chunk):
-                        last_data = loop.time()
-                    elif loop.time() - last_data > idle_timeout_s:
-                        return RawResponse(
-                            200, None, headers, "stalled", time.monotonic() - start, generation_id=asm.generation_id
-                        )
-            done = asm.finish()
-            if not done.complete or done.body is None:
-                return RawResponse(
-                    200, None, headers, "connection", time.monotonic() - start, generation_id=done.generation_id
-                )
-            return RawResponse(
-                200, None, headers, None, time.monotonic() - start, parsed=done.body, generation_id=done.generation_id
+        if self._pool is None:
+            self._pool = StreamPool(
+                self.base_url,
+                {**self._headers, "Authorization": f"Bearer {self._key.reveal()}"},
+                connect_timeout_s=self._timeout.sock_connect or 30.0,
+                max_idle=self._max_connections,
             )
-        except TimeoutError:
-            kind = "timeout" if asm is None else "stalled"
-            return RawResponse(
-                None, None, headers, kind, time.monotonic() - start, generation_id=asm and asm.generation_id
-            )
-        except _TRANSPORT_ERRORS:
-            gen_id = asm.generation_id if asm is not None else None
-            return RawResponse(None, None, headers, "connection", time.monotonic() - start, generation_id=gen_id)
+        res = await self._pool.post(
+            "/chat/completions",
+            orjson.dumps(payload),
+            total_timeout_s=self._timeout.total or 600.0,
+            idle_timeout_s=idle_timeout_s,
+            read_interval_s=self._read_interval_s,
+        )
+        latency = time.monotonic() - start
+        headers = {k: res.headers[k] for k in _KEPT_HEADERS if k in res.headers}
+        if res.error is not None:
+            gen_id = generation_id_from_prefix(res.body)
+            return RawResponse(None, res.body or None, headers, res.error, latency, generation_id=gen_id)
+        if res.status != 200 or not res.headers.get("content-type", "").startswith("text/event-stream"):
+            return RawResponse(res.status, res.body, headers, None, latency)  # an error comes whole, as without stream
+        done = assemble_sse(res.body)
+        if not done.complete or done.body is None:
+            return RawResponse(200, None, headers, "connection", latency, generation_id=done.generation_id)
+        return RawResponse(200, None, headers, None, latency, parsed=done.body, generation_id=done.generation_id)
 
     async def _get_json(self, what: str, path: str, params: dict[str, str] | None = None) -> dict[str, Any]:
         try:

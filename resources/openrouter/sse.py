@@ -1,11 +1,13 @@
 """Reassemble an OpenRouter SSE stream into the non-streaming body, so one classifier handles both.
 
-Per chunk the transport only appends bytes and notes whether a ``data:`` event arrived (stall
-detection) and, until it is known, the generation id (OpenRouter puts ``"id":"gen-…"`` in every
-chunk, so the first one names the generation). Parsing happens once, at the end: the data payloads
-are joined into one JSON array and decoded by a single ``orjson.loads``. That keeps streaming within
-a few percent of plain mode in CPU per request (``benchmarks/bench_transport.py --variants
-engine,engine-stream``), where parsing every chunk as it arrives would not be.
+The transport (``stream_transport``) only gathers the bytes; parsing happens once, at the end, and
+costs no Python per text chunk: the text deltas are cut out by regular expressions as the escaped
+JSON strings they are and unescaped by one ``orjson.loads`` each for content and reasoning, and
+only the few chunks that carry structure (the first, tool calls, finish, usage, errors, the last)
+are decoded, in one ``loads``. Thousands of chunks per answer (a chunk per token) then cost about
+what one non-streaming body does. OpenRouter puts
+``"id":"gen-…"`` in every chunk, so the generation id is in the first bytes of any stream that got
+as far as its first chunk.
 
 Stream shapes handled (``tests/fixtures/openrouter/*.sse``): ``: OPENROUTER PROCESSING`` comments,
 reasoning and content deltas (leading spaces kept exactly), tool-call deltas by index, a finish
@@ -13,6 +15,7 @@ chunk, a final usage chunk with ``choices: []``, ``data: [DONE]``, and an error 
 ``error`` plus ``finish_reason: "error"``) mid-stream.
 """
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,45 +31,24 @@ class AssembledStream:
     generation_id: str | None
 
 
-class SSEAssembler:
-    """Feed raw bytes as they arrive; ``finish()`` builds the body."""
-
-    __slots__ = ("_parts", "_size", "generation_id")
-
-    def __init__(self) -> None:
-        self._parts: list[bytes] = []
-        self._size = 0
-        self.generation_id: str | None = None
-
-    def feed(self, data: bytes) -> bool:
-        """Keep ``data``; True when it holds a data event (comments alone do not prove progress)."""
-        self._parts.append(data)
-        has_data = b"data:" in data
-        if has_data and self.generation_id is None and self._size < 65536:
-            self.generation_id = generation_id_from_prefix(b"".join(self._parts))
-        self._size += len(data)
-        return has_data
-
-    def finish(self) -> AssembledStream:
-        return assemble_sse(b"".join(self._parts), self.generation_id)
+# Chunks that carry more than text are parsed whole (few: the first, tool calls, the finish, the
+# usage, an error, the last); they are found by these markers, none of which a text chunk has.
+_TAIL_MARKERS = (b'"finish_reason":"', b'"usage":{', b'"error":{')
+_TOOL_CALLS = b'"tool_calls":['
+_TAIL_LINES = 6
+# Text deltas are taken as the escaped JSON strings they are, in order, and unescaped in one go: a
+# literal ``"content":"`` cannot occur inside a JSON string (its quotes would be escaped).
+_CONTENT = re.compile(rb'"content":"((?:[^"\\]++|\\.)*+)"')
+_REASONING = re.compile(rb'"reasoning":"((?:[^"\\]++|\\.)*+)"')
+_REASONING_ALT = re.compile(rb'"reasoning_content":"((?:[^"\\]++|\\.)*+)"')
 
 
-def _payloads(text: bytes) -> tuple[list[bytes], bool]:
-    out: list[bytes] = []
-    done = False
-    for line in text.split(b"\n"):
-        if not line.startswith(b"data:"):
-            continue  # comments (":"), blank separators, event/id fields
-        payload = line[5:].strip()
-        if payload == b"[DONE]":
-            done = True
-        elif payload:
-            out.append(payload)
-    return out, done
+def _text(pieces: list[bytes]) -> str:
+    return orjson.loads(b'"' + b"".join(pieces) + b'"') if pieces else ""
 
 
 def _decode(payloads: list[bytes]) -> tuple[list[Any], bool]:
-    """All chunks in one loads; a torn last chunk (cut connection) is dropped and reported."""
+    """The chunks in one loads; a torn one (cut connection) is dropped and reported."""
     try:
         return orjson.loads(b"[" + b",".join(payloads) + b"]"), False
     except orjson.JSONDecodeError:
@@ -79,12 +61,54 @@ def _decode(payloads: list[bytes]) -> tuple[list[Any], bool]:
         return chunks, torn
 
 
+def _line(text: bytes, at: int) -> tuple[int, int]:
+    start = text.rfind(b"\n", 0, at) + 1
+    end = text.find(b"\n", at)
+    return start, len(text) if end < 0 else end
+
+
+def _picked(text: bytes) -> tuple[list[bytes], bool, bool]:
+    """The structural chunks' payloads, in order; whether ``[DONE]`` came; whether any data came.
+
+    Found by scanning for markers and taking the line around each (a raw newline cannot occur
+    inside a JSON string, so a line is a chunk): no Python per text chunk. Finish, usage and
+    errors end a stream, so they are looked for in its last lines only; tool calls anywhere.
+    """
+    first = 0 if text.startswith(b"data:") else text.find(b"\ndata:") + 1
+    if first == 0 and not text.startswith(b"data:"):
+        return [], False, False
+    spans = {_line(text, first)}
+    done = False
+    tail_start = last = len(text)
+    for _ in range(_TAIL_LINES):
+        at = text.rfind(b"\ndata:", first, last)
+        if at < 0:
+            break
+        span = _line(text, at + 1)
+        if text[span[0] : span[1]].rstrip() == b"data: [DONE]":
+            done = True
+        else:
+            spans.add(span)
+        tail_start = last = at
+    markers = [(m, tail_start) for m in _TAIL_MARKERS]
+    if _TOOL_CALLS in text:
+        markers.append((_TOOL_CALLS, 0))
+    for marker, start in markers:
+        at = text.find(marker, start)
+        while at >= 0:
+            span = _line(text, at)
+            spans.add(span)
+            at = text.find(marker, span[1])
+    return [text[a + 5 : b] for a, b in sorted(spans)], done, True
+
+
 def assemble_sse(text: bytes, generation_id: str | None = None) -> AssembledStream:
-    payloads, done = _payloads(text)
-    chunks, torn = _decode(payloads)
+    picked, done, any_data = _picked(text)
+    gen_id = generation_id or generation_id_from_prefix(text)
+    if not any_data:
+        return AssembledStream(None, False, gen_id)
+    chunks, torn = _decode(picked)
     head: dict[str, Any] = {}
-    reasoning: list[str] = []
-    content: list[str] = []
     tools: dict[int, dict[str, Any]] = {}
     finish: str | None = None
     native: str | None = None
@@ -101,14 +125,6 @@ def assemble_sse(text: bytes, generation_id: str | None = None) -> AssembledStre
             error = c["error"]
         for ch in c.get("choices") or ():
             d = ch.get("delta") or {}
-            r = d.get("reasoning")
-            if r is None:
-                r = d.get("reasoning_content")
-            if r:
-                reasoning.append(r)
-            t = d.get("content")
-            if t:
-                content.append(t)
             for call in d.get("tool_calls") or ():
                 index = int(call.get("index") or 0)
                 slot = tools.get(index)
@@ -131,7 +147,11 @@ def assemble_sse(text: bytes, generation_id: str | None = None) -> AssembledStre
                 native = ch.get("native_finish_reason")
             if isinstance(ch.get("error"), dict):
                 error = ch["error"]
-    gen_id = generation_id or (head.get("id") if str(head.get("id") or "").startswith("gen-") else None)
+    try:
+        content = _text(_CONTENT.findall(text))
+        reasoning = _text(_REASONING.findall(text) or _REASONING_ALT.findall(text))
+    except orjson.JSONDecodeError:  # a broken escape: not an answer to keep
+        return AssembledStream(None, False, gen_id)
     if not chunks:
         return AssembledStream(None, False, gen_id)
     produced = bool(reasoning or content or tools)
@@ -147,11 +167,10 @@ def assemble_sse(text: bytes, generation_id: str | None = None) -> AssembledStre
         # code classifies it (congestion, credits...) rather than a generic mid-stream failure.
         return AssembledStream({**base, "error": error, "usage": usage}, True, gen_id)
     calls = [tools[i] for i in sorted(tools)]
-    text = "".join(content)
     message: dict[str, Any] = {
         "role": "assistant",
-        "content": text if (text or not calls) else None,
-        "reasoning": "".join(reasoning) if reasoning else None,
+        "content": content if (content or not calls) else None,
+        "reasoning": reasoning or None,
     }
     if calls:
         message["tool_calls"] = calls

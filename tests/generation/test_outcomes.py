@@ -23,7 +23,8 @@ from resources.openrouter.outcomes import (
     generation_id_of,
 )
 from resources.openrouter.secret import ApiKey
-from resources.openrouter.sse import SSEAssembler, assemble_sse
+from resources.openrouter.sse import assemble_sse
+from resources.openrouter.stream_transport import dechunk
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "openrouter"
 CASES = json.loads((FIXTURES / "cases.json").read_text())
@@ -206,19 +207,21 @@ def test_every_recorded_shape_is_classified(case):
 
 @pytest.mark.parametrize("case", CASES["stream"], ids=[c["file"] for c in CASES["stream"]])
 def test_every_stream_shape_is_reassembled_and_classified(case):
-    data = (FIXTURES / case["file"]).read_bytes()
-    # Fed in awkward pieces (mid-line, mid-UTF-8), as TCP delivers them.
-    asm = SSEAssembler()
-    saw_data = [asm.feed(data[i : i + 37]) for i in range(0, len(data), 37)]
-    assert any(saw_data)
-    done = asm.finish()
-    assert done == assemble_sse(data) and done.complete is case["complete"]
-    assert done.generation_id == case["generation_id"]
+    done = assemble_sse((FIXTURES / case["file"]).read_bytes())
+    assert done.complete is case["complete"] and done.generation_id == case["generation_id"]
     if done.complete:
         response = RawResponse(200, None, {}, parsed=done.body, generation_id=done.generation_id)
     else:
         response = RawResponse(None, None, {}, "connection", generation_id=done.generation_id)
     _check(classify(response), case, response)
+
+
+def test_dechunk_undoes_chunked_framing_and_knows_a_cut():
+    body = b"data: {}\n\n" * 3
+    framed = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in (body[:7], body[7:20], body[20:])) + b"0\r\n\r\n"
+    assert dechunk(framed) == (body, True)
+    assert dechunk(framed[:-5]) == (body, False)  # no terminal chunk: cut off
+    assert dechunk(framed[:20]) == (body[:12], False)  # a torn chunk keeps what arrived of it
 
 
 def test_generation_id_comes_from_the_body_prefix_only():
@@ -362,3 +365,23 @@ async def test_account_bodies_through_the_client(replay_url):
     assert "HTTP 403" in cap.detail
     # A torn body's prefix names the generation, and /generation prices it exactly.
     assert gen is not None and gen["total_cost"] == pytest.approx(0.0001589) and missing is None
+
+
+def test_stream_text_survives_escapes_quotes_and_split_surrogates():
+    tricky = ' He said "content":"x" \\ then\n\t{"reasoning":"no"} — 東京 😀 <|im_end|>'
+    pieces = [tricky[i : i + 3] for i in range(0, len(tricky), 3)]
+
+    def chunk(delta: dict[str, Any], **extra: Any) -> bytes:
+        c = {"id": "gen-1-x", "provider": "Chutes", "choices": [{"index": 0, "delta": delta, **extra}]}
+        return b"data: " + orjson.dumps(c) + b"\n\n"
+
+    stream = b": OPENROUTER PROCESSING\n\n"
+    stream += b"".join(chunk({"role": "assistant", "content": "", "reasoning": p}) for p in pieces)
+    stream += b"".join(chunk({"content": p}) for p in pieces)
+    # A provider that escapes non-ASCII, with a surrogate pair split across two chunks.
+    stream += b'data: {"id":"gen-1-x","choices":[{"index":0,"delta":{"content":"\\ud83d"}}]}\n\n'
+    stream += b'data: {"id":"gen-1-x","choices":[{"index":0,"delta":{"content":"\\ude00!"}}]}\n\n'
+    stream += chunk({"content": ""}, finish_reason="stop") + b"data: [DONE]\n\n"
+    done = assemble_sse(stream)
+    msg = done.body["choices"][0]["message"]
+    assert done.complete and msg["reasoning"] == tricky and msg["content"] == tricky + "😀!"
