@@ -6,9 +6,9 @@ task wake-up per read). At OpenRouter's density (a chunk every token or two, tho
 answer) that is many times the CPU of the whole non-streaming request. Here the protocol only
 appends what each socket read delivers and notes whether it held a data event; the chunked framing
 is undone once, at the end, and the caller's coroutine wakes once, when the answer is complete.
-Once a data event has been seen, reading pauses for ``read_interval_s`` at a time so the kernel
-gathers the next chunks into one read (the answer is only used whole; the added latency is at most
-one interval against answers that take tens of seconds).
+When data events come densely (less than half ``read_interval_s`` apart), reading pauses for
+``read_interval_s`` so the kernel gathers the next chunks into one read (the answer is only used whole; the
+added latency is at most one interval against answers that take tens of seconds).
 
 Timeouts: ``total_timeout_s`` for the whole request, and ``idle_timeout_s`` without a data event
 (silence and ``: OPENROUTER PROCESSING`` comments alike), checked by one timer per idle period, not
@@ -76,6 +76,7 @@ class _Conn(asyncio.Protocol):
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.closed = False
+        self.active = False  # a request is being answered
         self._done: asyncio.Future[None] | None = None
 
     # -- asyncio.Protocol ------------------------------------------------------------------
@@ -95,7 +96,8 @@ class _Conn(asyncio.Protocol):
         return False
 
     def data_received(self, data: bytes) -> None:
-        if self._done is None or self._done.done():
+        # Runs once per socket read: kept to a handful of operations (no copies of ``data``).
+        if not self.active:
             return
         if not self.head:
             self.parts.append(data)
@@ -108,22 +110,32 @@ class _Conn(asyncio.Protocol):
             self.parts = []
         self.parts.append(data)
         self.size += len(data)
-        if b"data:" in data:
-            self.last_data = self.loop.time()
-            self.saw_data = True
-        if self._body_done(data):
+        if self.chunked:
+            # The terminal chunk ends the body; a short read may hold only part of it.
+            done = (
+                data.endswith(_END)
+                if len(data) >= len(_END)
+                else (self.tail[-len(_END) :] + data).endswith(_END) or (self.size == 5 and data == b"0\r\n\r\n")
+            )
+            self.tail = data
+        elif self.length is not None:
+            done = self.size >= self.length
+        else:
+            done = False  # close-delimited: connection_lost ends it
+        if done:
             self._finish(None)
             return
-        if (
-            self.saw_data
-            and self.interval > 0
-            and not self.paused
-            and self.transport is not None
-            and b'"finish_reason":"' not in data  # the end is a read or two away: do not delay it
-        ):
-            self.paused = True
-            self.transport.pause_reading()
-            self._resume_handle = self.loop.call_later(self.interval, self._resume)
+        if b"data:" in data:
+            now = self.loop.time()
+            dense = now - self.last_data < self.dense_gap  # data came soon after the last: more is coming
+            self.last_data = now
+            if dense and not self.paused and b'"finish_reason":"' not in data:
+                # Let the kernel gather the next chunks and take them in one read. Only when chunks
+                # come densely (pausing between sparse ones costs more than it saves), and not once
+                # the finish is in (the end is a read away).
+                self.paused = True
+                self.transport.pause_reading()  # type: ignore[union-attr]
+                self._resume_handle = self.loop.call_later(self.interval, self._resume)
 
     # -- one request -----------------------------------------------------------------------
     def start(self, request: bytes, total_s: float, idle_s: float, interval_s: float) -> asyncio.Future[None]:
@@ -137,9 +149,12 @@ class _Conn(asyncio.Protocol):
         self.keep_alive = True
         self.size = 0
         self.tail = b""
-        self.saw_data = False
         self.paused = False
+        self.active = True
         self.interval = min(interval_s, idle_s / 4)
+        # Chunks closer than this are "dense" (tokens stream every 10-100 ms); sparse ones, or a lag of
+        # the event loop under load, must not trigger pauses.
+        self.dense_gap = self.interval / 2
         self.idle = idle_s
         self.last_data = self.loop.time()
         self.error: str | None = None
@@ -168,16 +183,6 @@ class _Conn(asyncio.Protocol):
                 self.headers[key] = value
         self.head = True
 
-    def _body_done(self, data: bytes) -> bool:
-        if self.chunked:
-            tail = self.tail + data
-            self.tail = tail[-len(_END) :]
-            # A lone terminal chunk (empty body) has no CRLF before it.
-            return tail.endswith(_END) or (self.size == 5 and tail == b"0\r\n\r\n")
-        if self.length is not None:
-            return self.size >= self.length
-        return False  # close-delimited: connection_lost ends it
-
     def _resume(self) -> None:
         self._resume_handle = None
         if self.paused and self.transport is not None and not self.closed:
@@ -200,6 +205,7 @@ class _Conn(asyncio.Protocol):
             self.transport.abort()
 
     def _finish(self, error: str | None) -> None:
+        self.active = False
         self.error = error
         self._total_handle.cancel()
         self._idle_handle.cancel()
