@@ -67,6 +67,7 @@ class SoakConfig:
     seed: int = 0
     time_limit_s: float = 1500.0
     faults: dict[str, float] = field(default_factory=lambda: dict(MIXED_FAULTS))
+    stream: bool = False  # responses as SSE (``EAGLE_FORGE_STREAM``)
 
 
 def _write_prompts(path: Path, n: int, tag: str) -> None:
@@ -133,6 +134,7 @@ def run_soak(cfg: SoakConfig, work: Path, log=print) -> dict[str, Any]:
         "EAGLE_FORGE_MAX_IN_FLIGHT": str(cfg.concurrency),
         "EAGLE_FORGE_REQUEST_TIMEOUT_S": str(cfg.request_timeout_s),
         "EAGLE_FORGE_BUDGET_USD": str(cfg.budget_usd),
+        "EAGLE_FORGE_STREAM": "1" if cfg.stream else "0",
         "DAGSTER_HOME": str(dh),
         "PYTHONPATH": str(REPO),
     }
@@ -203,6 +205,8 @@ def run_soak(cfg: SoakConfig, work: Path, log=print) -> dict[str, Any]:
         led.close()
         stats = sim.stats(0)
         soak_requests = stats["requests_received"]
+        recent = sim.stats(200)["generations"]
+        streamed_share = sum(g["streamed"] for g in recent) / max(1, len(recent))
 
         # Phase 2: a 429 storm. Goodput = kept responses per second over the admitted rate.
         storm_recs: list[dict[str, Any]] = []
@@ -240,6 +244,7 @@ def run_soak(cfg: SoakConfig, work: Path, log=print) -> dict[str, Any]:
         "records_duplicated": len(ids) - len(set(ids)),
         "torn_bytes_dropped_last_scan": result.dropped_bytes,
         "requests_sent_to_simulator": soak_requests,
+        "streamed_share_of_last_200": streamed_share,
         "spent_usd": totals.usd_spent,
         "budget_usd": cfg.budget_usd,
         "simulator_billed_usd": stats["billed_usd"],
@@ -267,6 +272,7 @@ def main() -> None:
     ap.add_argument("--storm-prompts", type=int, default=3000)
     ap.add_argument("--storm-rate", type=float, default=250.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--stream", action="store_true", help="stream responses (SSE)")
     ap.add_argument("--json", action="store_true", help="print the raw result as JSON")
     a = ap.parse_args()
     cfg = SoakConfig(
@@ -276,13 +282,15 @@ def main() -> None:
         storm_prompts=a.storm_prompts,
         storm_rate_per_s=a.storm_rate,
         seed=a.seed,
+        stream=a.stream,
     )
     with tempfile.TemporaryDirectory(prefix="eagle-soak-") as tmp:
         r = run_soak(cfg, Path(tmp))
     if a.json:
         print(json.dumps(r, indent=2))
     print(
-        f"\nsoak: {r['prompts']:,} prompts, {r['requests_sent_to_simulator']:,} requests, {len(r['kills'])} SIGKILLs,"
+        f"\nsoak{' (streaming)' if cfg.stream else ''}: {r['prompts']:,} prompts,"
+        f" {r['requests_sent_to_simulator']:,} requests, {len(r['kills'])} SIGKILLs,"
         f" {r['wall_s']:.0f}s wall, final run {'ok' if r['final_run_ok'] else 'FAILED'}"
     )
     print(f"  records lost:        {r['records_lost']}   (must be 0)")

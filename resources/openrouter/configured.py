@@ -1,8 +1,9 @@
 """Pick the OpenRouter resource's configuration from the environment.
 
 ``EAGLE_FORGE_TARGET`` selects where requests go: ``simulator`` (the default: the bundled simulator
-on 127.0.0.1, no key needed) or ``openrouter`` (the real API; needs a key). Nothing here reads the
-key: secrets are resolved when a run starts, never at import.
+on 127.0.0.1, no key needed) or ``openrouter`` (the real API; needs a key). ``EAGLE_FORGE_STREAM=1``
+streams responses. Nothing here reads the key: secrets are resolved when a run starts, never at
+import.
 """
 
 import os
@@ -14,6 +15,10 @@ DEFAULT_SIMULATOR_PORT = 18765
 
 class TargetConfigError(ValueError):
     """EAGLE_FORGE_TARGET names no known target."""
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def simulator_base_url() -> str:
@@ -40,9 +45,13 @@ def openrouter_from_env() -> OpenRouterResource:
             request_timeout_s=float(os.environ.get("EAGLE_FORGE_REQUEST_TIMEOUT_S", "120")),
             progress_interval_s=2.0,
             key_poll_interval_s=2.0,
+            stream=_flag("EAGLE_FORGE_STREAM"),
         )
     if target == "openrouter":
         return OpenRouterResource(
-            budget_usd=budget, budget_mode=budget_mode, **({"api_key_file": key_file} if key_file else {})
+            budget_usd=budget,
+            budget_mode=budget_mode,
+            stream=_flag("EAGLE_FORGE_STREAM"),
+            **({"api_key_file": key_file} if key_file else {}),
         )
     raise TargetConfigError(f"EAGLE_FORGE_TARGET must be 'simulator' or 'openrouter', got {target!r}")

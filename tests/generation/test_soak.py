@@ -1,7 +1,7 @@
 """SIGKILL a running `dagster asset materialize` at random moments, restart, and check the books.
 
 The small version of ``benchmarks/soak.py``: real Dagster CLI process groups, the simulator in its own
-process, loopback only."""
+process (answering in OpenRouter's real shapes), loopback only."""
 
 import pytest
 
@@ -17,6 +17,7 @@ def check(result: dict, cfg: SoakConfig) -> None:
     assert result["output_tokens"] <= cfg.token_budget
     # Only what was in flight at a kill can have been bought twice.
     assert result["rebought_in_flight_at_kills"] <= cfg.kills * cfg.concurrency
+    assert result["streamed_share_of_last_200"] == (1.0 if cfg.stream else 0.0)
 
 
 def test_sigkill_without_faults_loses_and_duplicates_nothing(tmp_path):
@@ -38,8 +39,10 @@ def test_sigkill_without_faults_loses_and_duplicates_nothing(tmp_path):
 
 
 @pytest.mark.slow
-def test_small_soak_with_mixed_faults(tmp_path):
+def test_small_soak_with_mixed_faults_streaming(tmp_path):
+    """Streamed: faults and SIGKILLs land mid-stream, and cut streams are settled by their generation id."""
     cfg = SoakConfig(
+        stream=True,
         prompts=3000,
         kills=2,
         concurrency=500,
