@@ -385,3 +385,17 @@ def test_stream_text_survives_escapes_quotes_and_split_surrogates():
     done = assemble_sse(stream)
     msg = done.body["choices"][0]["message"]
     assert done.complete and msg["reasoning"] == tricky and msg["content"] == tricky + "😀!"
+
+
+async def test_streaming_transport_keeps_the_key_out_of_results_and_reprs(replay_url):
+    canary = "sk-or-v1-CANARY-stream-0b1d"
+    dead = "http://127.0.0.1:9/api/v1"  # discard port: nothing listens
+    async with OpenRouterClient(dead, ApiKey(canary), request_timeout_s=5) as client:
+        got = await client.chat_completion({"model": "m", "stream": True}, idle_timeout_s=2)
+        texts = [repr(got), repr(client), repr(client._pool)]
+    assert got.transport_error == "connection" and got.generation_id is None
+    assert canary not in "".join(texts)
+    async with OpenRouterClient(replay_url, ApiKey(canary)) as client:
+        ok = await client.chat_completion({"fixture": "chat/401_user_not_found.json", "stream": True}, idle_timeout_s=2)
+    out = classify(ok)
+    assert out.action is Action.FATAL and canary not in repr(ok) + out.message
