@@ -212,6 +212,13 @@ class OpenGroup:
     price_max: float = 0.0
     max_tokens: int = 0
 
+    @staticmethod
+    def of(count: int, worst_usd: float, prompt_usd: float, price: float, max_tokens: int) -> "OpenGroup":
+        """``count`` requests alike."""
+        return OpenGroup(
+            count, count * worst_usd, count * prompt_usd, count * price, count * price * price, price, max_tokens
+        )
+
     def plus(self, worst_usd: float, prompt_usd: float, price: float, max_tokens: int) -> "OpenGroup":
         return OpenGroup(
             self.count + 1,
@@ -246,6 +253,18 @@ def held_usd(groups: Iterable[tuple[OpenGroup, LengthModel | None]], policy: Adm
         return worst_without
     stat = expected + bernstein_deviation(variance, bound, policy.dollar_log_term)
     return worst_without + min(worst_with, stat)
+
+
+def expected_usd(groups: Iterable[tuple[OpenGroup, LengthModel | None]]) -> float | None:
+    """What the open statistical reservations will cost on average; None while a group has no model yet."""
+    total = 0.0
+    for g, model in groups:
+        if g.count == 0:
+            continue
+        if model is None:
+            return None
+        total += g.prompt_usd + model.mean * g.price_sum
+    return total
 
 
 # --- tokens --------------------------------------------------------------------------------

@@ -41,6 +41,7 @@ from eagle_assets.generation.admission import (
     Moments,
     OpenGroup,
     cohort_moments,
+    expected_usd,
     fair_shares,
     held_usd,
     token_admission,
@@ -64,7 +65,8 @@ CREATE TABLE IF NOT EXISTS lengths (
   n INTEGER NOT NULL DEFAULT 0, s1 REAL NOT NULL DEFAULT 0, s2 REAL NOT NULL DEFAULT 0,
   s3 REAL NOT NULL DEFAULT 0, s4 REAL NOT NULL DEFAULT 0,
   eff_n INTEGER NOT NULL DEFAULT 0, eff_s1 REAL NOT NULL DEFAULT 0, eff_s2 REAL NOT NULL DEFAULT 0,
-  eff_s3 REAL NOT NULL DEFAULT 0, eff_s4 REAL NOT NULL DEFAULT 0);
+  eff_s3 REAL NOT NULL DEFAULT 0, eff_s4 REAL NOT NULL DEFAULT 0,
+  paid REAL NOT NULL DEFAULT 0, priced REAL NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS answers (dataset TEXT NOT NULL, seq INTEGER NOT NULL, tokens INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS slots (owner TEXT PRIMARY KEY, want INTEGER NOT NULL, held INTEGER NOT NULL);
 CREATE INDEX IF NOT EXISTS reservations_owner ON reservations(owner);
@@ -73,11 +75,14 @@ CREATE INDEX IF NOT EXISTS answers_seq ON answers(dataset, seq);
 """
 # Columns added to reservations after the first release; rows of an older ledger read as hard
 # worst-case reservations (prompt part = everything, no completion price), which is what they were.
-_RESERVATION_COLUMNS = {
-    "seq": "INTEGER NOT NULL DEFAULT 0",
-    "hard": "INTEGER NOT NULL DEFAULT 1",
-    "prompt_usd": "INTEGER NOT NULL DEFAULT 0",
-    "price": "REAL NOT NULL DEFAULT 0",
+_ADDED_COLUMNS = {
+    "reservations": {
+        "seq": "INTEGER NOT NULL DEFAULT 0",
+        "hard": "INTEGER NOT NULL DEFAULT 1",
+        "prompt_usd": "INTEGER NOT NULL DEFAULT 0",
+        "price": "REAL NOT NULL DEFAULT 0",
+    },
+    "lengths": {"paid": "REAL NOT NULL DEFAULT 0", "priced": "REAL NOT NULL DEFAULT 0"},
 }
 
 GLOBAL = "global"
@@ -116,6 +121,8 @@ class Reservation:
     tokens: int  # max_tokens
     seq: int = 0
     hard: bool = True
+    prompt_usd: float = 0.0  # the prompt part of ``usd``
+    price: float = 0.0  # the completion price per token ``usd`` assumed
 
 
 @dataclass(frozen=True)
@@ -145,6 +152,22 @@ class Totals:
     tokens_spent: int
     tokens_reserved: int
     in_flight: int
+
+
+@dataclass(frozen=True)
+class Outlook:
+    """Where a budget will stand once everything in flight has settled at its expected cost.
+
+    ``expected_usd``: spent + what the open requests will cost on average, at the mean length and the
+    prices providers actually charged so far (None while some dataset has no length statistics yet);
+    ``batch_held_usd``: what ``batch`` more requests like the given one would hold
+    on their own; ``expected_tokens``: the dataset's produced + open × mean (None without statistics).
+    """
+
+    expected_usd: float | None
+    batch_held_usd: float
+    expected_tokens: float | None
+    mean_tokens: float | None
 
 
 @dataclass
@@ -185,10 +208,11 @@ class BudgetLedger:
     def _migrate(self) -> None:
         """Add what later versions keep per reservation; under the write lock, so racing openers agree."""
         with self._tx() as cur:
-            have = {row[1] for row in cur.execute("PRAGMA table_info(reservations)")}
-            for name, decl in _RESERVATION_COLUMNS.items():
-                if name not in have:
-                    cur.execute(f"ALTER TABLE reservations ADD COLUMN {name} {decl}")
+            for table, columns in _ADDED_COLUMNS.items():
+                have = {row[1] for row in cur.execute(f"PRAGMA table_info({table})")}
+                for name, decl in columns.items():
+                    if name not in have:
+                        cur.execute(f"ALTER TABLE {table} ADD COLUMN {name} {decl}")
             cur.execute("CREATE INDEX IF NOT EXISTS reservations_seq ON reservations(dataset, seq)")
 
     # --- plumbing ---------------------------------------------------------------------------
@@ -289,6 +313,35 @@ class BudgetLedger:
 
     def length_model(self, dataset: str, max_tokens: int) -> LengthModel | None:
         return LengthModel.from_moments(self.length_moments(dataset), self.policy, max_tokens)
+
+    def outlook(self, request: ReservationRequest, batch: int) -> Outlook:
+        """Numbers for the decision to stop at a budget's tail (see ``Outlook``)."""
+        with self._lock:
+            cur = self._db.cursor()
+            snap = self._open(cur)
+            moments = {d: self._moments(cur, d) for d in {*snap.groups, request.dataset}}
+            open_expected: float | None = 0.0
+            for d, g in snap.groups.items():
+                one = expected_usd([(g, self._model(moments[d], g.max_tokens))])
+                if one is None or open_expected is None:
+                    open_expected = None
+                    continue
+                paid, priced = cur.execute("SELECT paid, priced FROM lengths WHERE dataset = ?", (d,)).fetchone()
+                open_expected += one * (min(1.0, paid / priced) if priced > 0 else 1.0)
+            model = self._model(moments[request.dataset], request.max_tokens)
+            prompt_usd = request.worst_usd if request.prompt_usd is None else request.prompt_usd
+            g = OpenGroup.of(batch, request.worst_usd, prompt_usd, request.price, request.max_tokens)
+            batch_held = g.worst_usd if self.policy.hard else held_usd([(g, model)], self.policy)
+            row = cur.execute(
+                "SELECT tokens_spent, in_flight FROM totals WHERE scope = ?", (_scope(request.dataset),)
+            ).fetchone()
+        produced, open_count = row or (0, 0)
+        return Outlook(
+            None if open_expected is None or self.policy.hard else snap.spent + snap.hard_usd + open_expected,
+            batch_held,
+            None if model is None else produced + open_count * model.mean,
+            None if model is None else model.mean,
+        )
 
     def open_held_usd(self) -> float:
         """What the open reservations hold of the dollar budget now (the admission check's left side, less spend)."""
@@ -432,7 +485,16 @@ class BudgetLedger:
             seq = next_seq[r.dataset]
             next_seq[r.dataset] = seq + 1
             res = Reservation(
-                uuid.uuid4().hex, r.dataset, r.partition, r.prompt_id, r.worst_usd, r.max_tokens, seq, hard
+                uuid.uuid4().hex,
+                r.dataset,
+                r.partition,
+                r.prompt_id,
+                r.worst_usd,
+                r.max_tokens,
+                seq,
+                hard,
+                prompt_usd,
+                r.price,
             )
             out.append(res)
             rows.append(
@@ -472,13 +534,23 @@ class BudgetLedger:
         with self._tx() as cur:
             closed = self._close_many(cur, items)
             answers = []
+            prices: dict[str, list[float]] = {}
             for i in closed:
-                res, _, tokens, kind = items[i]
+                res, usd, tokens, kind = items[i]
                 # An attempt whose answer was lost may have run long (timeouts do): count it at its maximum.
                 length = tokens if kind == "settled" else res.tokens if kind == "uncertain" else None
                 if length is not None:
                     answers.append((res.dataset, res.seq, int(length)))
+                if kind == "settled" and res.price > 0:
+                    # What providers charged against what the dearest price would have: the tail's outlook.
+                    paid = prices.setdefault(res.dataset, [0.0, 0.0])
+                    paid[0] += usd
+                    paid[1] += res.prompt_usd + tokens * res.price
             cur.executemany("INSERT INTO answers VALUES (?,?,?)", answers)
+            cur.executemany(
+                "UPDATE lengths SET paid = paid + ?, priced = priced + ? WHERE dataset = ?",
+                [(paid, priced, d) for d, (paid, priced) in prices.items()],
+            )
             for dataset in {items[i][0].dataset for i in closed}:
                 self._refresh_lengths(cur, dataset)
 
@@ -581,10 +653,13 @@ class BudgetLedger:
     def _orphan_owner(self, cur: sqlite3.Cursor, owner: str) -> int:
         """Charge an owner's open reservations at their worst case and forget the owner."""
         rows = cur.execute(
-            "SELECT id, dataset, partition, prompt_id, usd, tokens, seq, hard FROM reservations WHERE owner = ?",
+            "SELECT id, dataset, partition, prompt_id, usd, tokens, seq, hard, prompt_usd, price FROM reservations"
+            " WHERE owner = ?",
             (owner,),
         ).fetchall()
-        orphans = [Reservation(*row[:4], row[4] / NANO, row[5], row[6], bool(row[7])) for row in rows]
+        orphans = [
+            Reservation(*row[:4], row[4] / NANO, row[5], row[6], bool(row[7]), row[8] / NANO, row[9]) for row in rows
+        ]
         self._close_many(cur, [(res, res.usd, 0, "orphan") for res in orphans])
         for dataset in {res.dataset for res in orphans}:
             self._refresh_lengths(cur, dataset)

@@ -65,10 +65,11 @@ class GenerationSettings:
     startup_ramp_s: float = 0.25
     # What a reservation holds (``admission``): the statistical bound by default, the worst case in hard mode.
     admission: AdmissionPolicy = field(default_factory=AdmissionPolicy)
-    # Once a budget refuses, requests start again only in batches of this share of max_in_flight, and the
-    # run stops when fewer fit with nothing of its own in flight: the last crumbs of a budget are not worth
-    # a round trip each at a handful in flight.
-    tail_fraction: float = 0.05
+    # Once the dollar budget (or the key's credit) refuses, requests start again only in batches of this
+    # share of max_in_flight, and admission stops when, after everything in flight settles at its expected
+    # cost, no such batch would fit: the last crumbs of a budget are not worth a round trip each at a
+    # handful in flight. At the token target the batch is what ``admission.token_overshoot`` of it is worth.
+    tail_fraction: float = 0.1
     slot_lease_interval_s: float = 0.1  # how often the account-wide in-flight share is renewed
     # Streaming (``stream: true``): the generation id arrives with the first chunk, so an attempt cut
     # off later is settled exactly from /generation, and a stream that sends no data event for
@@ -173,8 +174,8 @@ class PartitionRunner:
         self._busy = 0  # prompts a worker is working on
         self._slot_limit = settings.max_in_flight  # this process's share of the account's in-flight cap
         self._ramp_start = 0.0
-        self._at_wall = False  # a budget has refused: reserve only in batches of tail_min
-        self._tail_min = max(1, math.ceil(settings.tail_fraction * settings.max_in_flight))
+        self._at_wall = False  # a budget has refused: reserve only in batches of _tail_min()
+        self._wall_reason = ""
         self._wake = asyncio.Event()  # the dispatcher: ready is running low, budget freed, or the share changed
         self._requests: dict[str, ReservationRequest] = {}
         self._commit_q: asyncio.Queue[tuple[dict[str, Any], Reservation | None]] = asyncio.Queue()
@@ -311,7 +312,7 @@ class PartitionRunner:
         try:
             while self._ready and self._workers <= self._limit_now() and not self._abort.is_set():
                 prompt, res = self._ready.popleft()
-                if len(self._ready) < self.s.reserve_chunk // 2:
+                if len(self._ready) < self.s.reserve_chunk:
                     self._wake.set()
                 self._busy += 1
                 try:
@@ -331,12 +332,43 @@ class PartitionRunner:
                     await asyncio.wait_for(self._wake.wait(), timeout)
         self._wake.clear()
 
+    def _dollar_cap(self) -> float:
+        if self._account_remaining is None:
+            return self.s.budget_usd
+        return min(self.s.budget_usd, self._spent_at_poll + self._account_remaining)
+
+    def _tail_min(self) -> int:
+        """The smallest batch worth a round trip once a budget has refused: ``tail_fraction`` of the
+        account's in-flight cap; at the token target, what ``admission.token_overshoot`` of it is worth."""
+        slots = max(1, math.ceil(self.s.tail_fraction * self.s.max_in_flight))
+        if self._wall_reason != "tokens":
+            return slots
+        model = self.ledger.length_model(self.job.dataset, self.s.max_tokens)
+        expected = model.mean if model is not None else self.s.max_tokens
+        worth = self.s.admission.token_overshoot * self.job.token_budget / max(expected, 1.0)
+        return max(1, min(slots, math.ceil(worth)))
+
+    def _another_batch_fits(self, prompt: Prompt, denial: Denial, tail: int) -> bool:
+        """Once everything in flight has settled at its expected cost, will a batch of ``tail`` still fit?
+
+        If not, admission stops now: what is left of the budget would only go out in ever smaller waves,
+        each a full round trip. Unknown (no statistics yet, or hard mode): keep trying.
+        """
+        look = self.ledger.outlook(self._request(prompt), tail)
+        if denial.reason == "tokens":
+            if look.expected_tokens is None or look.mean_tokens is None:
+                return True
+            return look.expected_tokens + tail * look.mean_tokens <= self.job.token_budget
+        if look.expected_usd is None:
+            return True
+        return look.expected_usd + look.batch_held_usd <= self._dollar_cap()
+
     async def _dispatch(self, pending: list[Prompt]) -> None:
         """Keep the workers supplied with reserved prompts until none are left or a budget stops the run.
 
         Reservations run ``reserve_chunk`` ahead of the workers. Once a budget refuses (the wall), they
-        are made only in batches of ``tail_min``, and the run stops when fewer fit while nothing of its
-        own is in flight: a few requests at a time would each cost a full round trip.
+        are made only in batches of ``_tail_min()``, and the run stops when fewer fit while nothing of
+        its own is in flight: a few requests at a time would each cost a full round trip.
         """
         queue = deque(pending)
         self._ramp_start = time.monotonic()
@@ -345,30 +377,37 @@ class PartitionRunner:
         try:
             while queue and not self._stop_admitting.is_set():
                 limit = self._limit_now()
-                ahead = 0 if self._at_wall else self.s.reserve_chunk
+                # Between one and two chunks ready ahead of the workers, so none finds the queue empty;
+                # none at the wall, where every reservation counts.
+                ahead = 0 if self._at_wall else 2 * self.s.reserve_chunk
                 room = limit + ahead - self._busy - len(self._ready)
-                if room <= 0:
+                if room < (1 if self._at_wall else min(self.s.reserve_chunk, len(queue))):
                     self._staff()
                     ramping = limit < self._slot_limit
                     await self._wait_wake(0.01 if ramping else (0.25 if self._at_wall else None))
                     continue
-                size = min(len(queue), room, max(self.s.reserve_chunk, self._tail_min))
+                tail = self._tail_min()
+                size = min(len(queue), room, max(self.s.reserve_chunk, tail))
                 chunk = [queue.popleft() for _ in range(size)]
-                min_grant = min(self._tail_min, size) if self._at_wall else 1
+                min_grant = min(tail, size) if self._at_wall else 1
                 granted, denial = self._reserve(chunk, min_grant)
                 for p in reversed(chunk[len(granted) :]):
                     queue.appendleft(p)
                 self._ready.extend(zip(chunk, granted, strict=False))
                 self._staff()
                 if denial is None:
+                    await asyncio.sleep(0)  # let the new workers send before the next chunk is reserved
                     continue
-                self._at_wall = True
+                self._at_wall, self._wall_reason = True, denial.reason
+                if not self._another_batch_fits(chunk[0], denial, self._tail_min()):
+                    self._stop_for(denial)
+                    break
                 if granted:
                     continue
                 if self._busy == 0 and not self._ready:
                     # Nothing of ours runs: once its settlements are in, what fits now is all there is.
                     await self._commit_q.join()
-                    granted, denial = self._reserve(chunk[:size], min(self._tail_min, size))
+                    granted, denial = self._reserve(chunk[:size], min(self._tail_min(), size))
                     if not granted:
                         assert denial is not None
                         self._stop_for(denial)

@@ -91,7 +91,10 @@ def assert_consistent(tmp: Path, stats: dict[str, Any], dataset: str = "T1") -> 
 
 @pytest.mark.parametrize("mode", ["statistical", "hard"])
 def test_dollar_budget_statistical_keeps_the_cap_busy_hard_holds_worst_cases(tmp_path, mode):
-    cfg = sim_config(latency=LatencyConfig.fixed(0.1), mean_completion_tokens=60)
+    # Statistical: slow enough answers that 300 in flight is bound by admission, not by this machine's CPU.
+    # Hard: its worst-case waves shrink by ~13% each, so many short ones.
+    latency = 0.3 if mode == "statistical" else 0.05
+    cfg = sim_config(latency=LatencyConfig.fixed(latency), mean_completion_tokens=60)
     budget, cap = 0.3, 300
     with run_simulator_in_thread(cfg) as sim:
         report = run_partition(
@@ -113,11 +116,13 @@ def test_dollar_budget_statistical_keeps_the_cap_busy_hard_holds_worst_cases(tmp
     else:
         # ~300 in flight (the cap), though 300 worst cases would be $0.86 of the $0.30
         assert stats["peak_in_flight"] >= 0.9 * cap > 2 * (budget // worst)
-        assert spent >= 0.85 * budget  # and it stops near the budget, not a wave early
+        # It stops when what is left could not pay for a tail batch (10% of the cap) once the requests in flight
+        # settle: here, with a budget only ~100 worst cases deep, that is up to 30 worst cases ($0.09).
+        assert spent >= budget - 30 * worst
 
 
 def test_token_target_admits_past_max_tokens_and_bounds_the_overshoot(tmp_path):
-    cfg = sim_config(latency=LatencyConfig.fixed(0.05), mean_completion_tokens=60)
+    cfg = sim_config(latency=LatencyConfig.fixed(0.3), mean_completion_tokens=60)
     # max_tokens 256 against answers of ~100 tokens; the tolerance (1% of the budget) is ~6 max_tokens, as in
     # production (10M against 16,384).
     budget, max_tokens = 150_000, 256
