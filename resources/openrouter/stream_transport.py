@@ -86,11 +86,15 @@ class _Conn(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.pool.forget(self)
-        if self._done is not None and not self._done.done():
+        if self._done is None:
+            return
+        if not self._done.done():
             if self.head and not self.chunked and self.length is None:
                 self._finish(None)  # a close-delimited body ends here
             else:
                 self._finish("connection")
+        elif self.active:  # the caller was cancelled mid-answer: drop its timers too
+            self._finish("connection")
 
     def eof_received(self) -> bool:
         return False
