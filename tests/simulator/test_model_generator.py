@@ -21,6 +21,7 @@ from eagle_assets.target.tiny import build_tiny_target
 from eagle_assets.tokenization.kimi_tokenizer import KimiTokenizer, load_kimi_tokenizer
 from eagle_assets.tokenization.reconstruction import reconstruct
 from eagle_assets.tokenization.tokenizer_source import BUNDLED_DIR
+from resources.openrouter.sse import assemble_sse
 from resources.simulator.__main__ import config_from_args
 from resources.simulator.config import SimulatorConfig
 from resources.simulator.control import SimulatorHandle, config_to_args, run_simulator_in_thread
@@ -237,15 +238,12 @@ async def test_streamed_answer_has_the_same_text(sim: SimulatorHandle) -> None:
         aiohttp.ClientSession() as s,
         s.post(f"{sim.base_url}/chat/completions", data=orjson.dumps({**payload, "stream": True}), headers=AUTH) as r,
     ):
-        raw = (await r.read()).decode()
-    reasoning, content = [], []
-    for line in raw.splitlines():
-        if line.startswith("data: {"):
-            delta = orjson.loads(line[6:])["choices"][0]["delta"]
-            reasoning.append(delta.get("reasoning") or "")
-            content.append(delta.get("content") or "")
-    msg = plain["choices"][0]["message"]
-    assert ("".join(reasoning), "".join(content)) == (msg["reasoning"], msg["content"])
+        raw = await r.read()
+    streamed = assemble_sse(raw)  # as the engine reads it: deltas joined, usage from the last chunk
+    assert streamed.complete and streamed.body is not None
+    got, msg = streamed.body["choices"][0]["message"], plain["choices"][0]["message"]
+    assert (got["reasoning"], got["content"]) == (msg["reasoning"], msg["content"])
+    assert streamed.body["usage"]["completion_tokens"] == plain["usage"]["completion_tokens"]
 
 
 async def test_config_builds_the_generator_and_the_cli_carries_it(tiny_dir: Path, tok: KimiTokenizer) -> None:
