@@ -97,7 +97,9 @@ def _journal_lines(path: Path) -> int:
 
 
 def _abandoned(sim: Any) -> int:
-    return int(sim.stats(0)["by_outcome"].get("abandoned", 0))
+    """Requests billed although their client was gone: plain ones in full, streams for what was generated."""
+    outcomes = sim.stats(0)["by_outcome"]
+    return int(outcomes.get("abandoned", 0)) + int(outcomes.get("stream_abandoned", 0))
 
 
 def run_soak(cfg: SoakConfig, work: Path, log=print) -> dict[str, Any]:
