@@ -411,56 +411,77 @@ class BudgetLedger:
             cap, cap_reason = account_cap_usd, "credits"
         cap_n = _n(cap)
         hard = self.policy.hard
-        granted: list[tuple[ReservationRequest, float]] = []
-        denial: Denial | None = None
         with self._tx() as cur:
-            snap = self._open(cur)
+            base = self._open(cur)
             moments: dict[str, Moments] = {}
-            token_state: dict[str, list[int]] = {}
-            for r in reqs:
-                prompt_usd = r.worst_usd if r.prompt_usd is None else r.prompt_usd
-                snap.all_usd += r.worst_usd
-                if hard:
-                    snap.hard_usd += r.worst_usd
-                else:
-                    g = snap.groups.get(r.dataset, OpenGroup())
-                    snap.groups[r.dataset] = g.plus(r.worst_usd, prompt_usd, r.price, r.max_tokens)
+            tokens0: dict[str, tuple[int, int, int]] = {}
+            if token_budget is not None:
+                for d in {r.dataset for r in reqs}:
+                    row = cur.execute(
+                        "SELECT tokens_spent, in_flight, tokens_reserved FROM totals WHERE scope = ?", (_scope(d),)
+                    ).fetchone()
+                    tokens0[d] = row or (0, 0, 0)
+                    moments[d] = self._moments(cur, d)
+
+            def check(k: int) -> Denial | None:
+                """Why the first ``k`` requests do not all fit, or None. Every condition only tightens as
+                ``k`` grows, so the longest prefix that fits is found by bisection, usually in one call."""
+                snap = _Open(base.spent, base.hard_usd, base.all_usd, dict(base.groups))
+                before: dict[str, list[int]] = {}  # per dataset: requests and their max_tokens before its last
+                last: dict[str, ReservationRequest] = {}
+                for r in reqs[:k]:
+                    snap.all_usd += r.worst_usd
+                    if hard:
+                        snap.hard_usd += r.worst_usd
+                    else:
+                        prompt_usd = r.worst_usd if r.prompt_usd is None else r.prompt_usd
+                        g = snap.groups.get(r.dataset, OpenGroup())
+                        snap.groups[r.dataset] = g.plus(r.worst_usd, prompt_usd, r.price, r.max_tokens)
+                    if r.dataset in last:
+                        b = before.setdefault(r.dataset, [0, 0])
+                        b[0] += 1
+                        b[1] += last[r.dataset].max_tokens
+                    last[r.dataset] = r
                 need = self._held(cur, snap, moments)
                 if _n(need) > cap_n:
                     what = "budget" if cap_reason == "usd" else "the key's remaining credit"
-                    denial = Denial(
+                    return Denial(
                         cap_reason,
                         f"${snap.spent:.4f} spent + ${need - snap.spent:.4f} held by requests in flight would pass"
                         f" ${cap:.2f} ({what}{', worst case' if hard else ''})",
                     )
-                    break
-                if token_budget is not None:
-                    state = token_state.get(r.dataset)
-                    if state is None:
-                        row = cur.execute(
-                            "SELECT tokens_spent, in_flight, tokens_reserved FROM totals WHERE scope = ?",
-                            (_scope(r.dataset),),
-                        ).fetchone()
-                        state = token_state[r.dataset] = list(row or (0, 0, 0))
-                    if r.dataset not in moments:
-                        moments[r.dataset] = self._moments(cur, r.dataset)
+                if token_budget is None:
+                    return None
+                for d, r in last.items():
+                    produced, open_count, open_max = tokens0[d]
+                    n_before, max_before = before.get(d, (0, 0))
                     decision = token_admission(
-                        produced=state[0],
-                        open_count=state[1],
-                        open_max_tokens=state[2],
+                        produced=produced,
+                        open_count=open_count + n_before,
+                        open_max_tokens=open_max + max_before,
                         new_max_tokens=r.max_tokens,
                         budget=token_budget,
-                        model=self._model(moments[r.dataset], r.max_tokens),
+                        model=self._model(moments[d], r.max_tokens),
                         policy=self.policy,
                     )
                     if not decision.admit:
-                        denial = Denial("tokens", decision.detail)
-                        break
-                    state[1] += 1
-                    state[2] += r.max_tokens
-                granted.append((r, prompt_usd))
-            if denial is not None and len(granted) < min_grant:
-                return [], Denial(denial.reason, denial.detail, fit=len(granted))
+                        return Denial("tokens", decision.detail)
+                return None
+
+            fit, denial = len(reqs), check(len(reqs))
+            if denial is not None:
+                lo, hi = 0, len(reqs)  # the first lo fit; the first hi do not
+                while hi - lo > 1:
+                    mid = (lo + hi) // 2
+                    why = check(mid)
+                    if why is None:
+                        lo = mid
+                    else:
+                        hi, denial = mid, why
+                fit = lo
+            if denial is not None and fit < min_grant:
+                return [], Denial(denial.reason, denial.detail, fit=fit)
+            granted = [(r, r.worst_usd if r.prompt_usd is None else r.prompt_usd) for r in reqs[:fit]]
             out = self._insert_many(cur, granted, hard)
         if denial is not None:
             denial = Denial(denial.reason, denial.detail, fit=len(out))

@@ -60,9 +60,11 @@ class GenerationSettings:
     progress_interval_s: float = 5.0
     commit_interval_s: float = 0.05
     reserve_chunk: int = 64  # prompts reserved per ledger transaction, and kept ready ahead of the workers
-    # Slow start: open the first max_in_flight requests over this many seconds instead of in one burst,
-    # so connection setup and the first wave of responses do not all land at the same instant.
-    startup_ramp_s: float = 0.25
+    # Slow start: open the first max_in_flight requests over this many seconds instead of in one burst, so
+    # connection setup and the first wave of responses do not all land at the same instant. None: 0.25 ms per
+    # request (0.5 s for 2000), about what one answer costs this loop: a wave then arrives no faster than it
+    # is handled, and it stays spread, where a burst would queue and delay every later round trip a little.
+    startup_ramp_s: float | None = None
     # What a reservation holds (``admission``): the statistical bound by default, the worst case in hard mode.
     admission: AdmissionPolicy = field(default_factory=AdmissionPolicy)
     # Once the dollar budget (or the key's credit) refuses, requests start again only in batches of this
@@ -171,6 +173,7 @@ class PartitionRunner:
         ledger.policy = settings.admission
         self._ready: deque[tuple[Prompt, Reservation]] = deque()  # reserved, waiting for a worker
         self._workers = 0  # worker tasks alive (each works one prompt at a time)
+        self._starting = 0  # workers created that have not run yet (each will take a ready prompt)
         self._busy = 0  # prompts a worker is working on
         self._slot_limit = settings.max_in_flight  # this process's share of the account's in-flight cap
         self._ramp_start = 0.0
@@ -178,6 +181,7 @@ class PartitionRunner:
         self._wall_reason = ""
         self._wake = asyncio.Event()  # the dispatcher: ready is running low, budget freed, or the share changed
         self._requests: dict[str, ReservationRequest] = {}
+        self._worker_error: BaseException | None = None
         self._commit_q: asyncio.Queue[tuple[dict[str, Any], Reservation | None]] = asyncio.Queue()
         self._stop_admitting = asyncio.Event()
         self._abort = asyncio.Event()  # credits gone or fatal: abandon retries too
@@ -281,6 +285,8 @@ class PartitionRunner:
         """Prompts this process may work on at once: its account-wide share, opened gradually at the start."""
         limit = self._slot_limit
         ramp = self.s.startup_ramp_s
+        if ramp is None:
+            ramp = 0.00025 * self.s.max_in_flight
         if ramp > 0:
             elapsed = time.monotonic() - self._ramp_start
             if elapsed < ramp:
@@ -300,19 +306,30 @@ class PartitionRunner:
             self._lease(len(queue))
 
     def _staff(self) -> None:
-        """Start workers for ready prompts, up to the limit (a worker keeps going while prompts are ready)."""
-        limit = self._limit_now()
-        while self._ready and self._workers < limit and not self._abort.is_set():
+        """Start a worker per ready prompt that no started worker will take, up to the limit (a worker then
+        keeps going while prompts are ready)."""
+        spawn = min(len(self._ready) - self._starting, self._limit_now() - self._workers)
+        for _ in range(spawn if not self._abort.is_set() else 0):
             self._workers += 1
+            self._starting += 1
             t = asyncio.create_task(self._worker())
             self._tasks.add(t)
-            t.add_done_callback(self._tasks.discard)
+            t.add_done_callback(self._worker_done)
+
+    def _worker_done(self, task: asyncio.Task[None]) -> None:
+        """A worker that raised ends the run (as an unhandled error must), after the others finish."""
+        self._tasks.discard(task)
+        if task.cancelled() or task.exception() is None or self._worker_error is not None:
+            return
+        self._worker_error = task.exception()
+        self._stop("fatal", f"a worker failed: {type(self._worker_error).__name__}: {self._worker_error}", abort=True)
 
     async def _worker(self) -> None:
+        self._starting -= 1
         try:
             while self._ready and self._workers <= self._limit_now() and not self._abort.is_set():
                 prompt, res = self._ready.popleft()
-                if len(self._ready) < self.s.reserve_chunk:
+                if len(self._ready) < 2 * self.s.reserve_chunk:
                     self._wake.set()
                 self._busy += 1
                 try:
@@ -379,7 +396,7 @@ class PartitionRunner:
                 limit = self._limit_now()
                 # Between one and two chunks ready ahead of the workers, so none finds the queue empty;
                 # none at the wall, where every reservation counts.
-                ahead = 0 if self._at_wall else 2 * self.s.reserve_chunk
+                ahead = 0 if self._at_wall else 4 * self.s.reserve_chunk
                 room = limit + ahead - self._busy - len(self._ready)
                 if room < (1 if self._at_wall else min(self.s.reserve_chunk, len(queue))):
                     self._staff()
@@ -387,7 +404,7 @@ class PartitionRunner:
                     await self._wait_wake(0.01 if ramping else (0.25 if self._at_wall else None))
                     continue
                 tail = self._tail_min()
-                size = min(len(queue), room, max(self.s.reserve_chunk, tail))
+                size = min(len(queue), room, max(4 * self.s.reserve_chunk, tail))
                 chunk = [queue.popleft() for _ in range(size)]
                 min_grant = min(tail, size) if self._at_wall else 1
                 granted, denial = self._reserve(chunk, min_grant)
@@ -396,6 +413,8 @@ class PartitionRunner:
                 self._ready.extend(zip(chunk, granted, strict=False))
                 self._staff()
                 if denial is None:
+                    # Everything asked for fit: not (or no longer, once statistics replace worst cases) at the wall.
+                    self._at_wall, self._wall_reason = False, ""
                     await asyncio.sleep(0)  # let the new workers send before the next chunk is reserved
                     continue
                 self._at_wall, self._wall_reason = True, denial.reason
@@ -424,6 +443,8 @@ class PartitionRunner:
             # The queue is done (or admission stopped): the workers finish what is ready and running.
             while self._tasks:
                 await asyncio.wait(set(self._tasks))
+            if self._worker_error is not None:
+                raise self._worker_error
         finally:
             leaser.cancel()
             await asyncio.gather(leaser, return_exceptions=True)

@@ -4,6 +4,7 @@ import asyncio
 import multiprocessing
 import threading
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -178,7 +179,11 @@ def test_credits_402_stops_admission_and_in_flight_answers_are_journaled(tmp_pat
 
 def _partition_process(base_url: str, tmp: str, dataset: str, n: int, cap: int, out) -> None:
     start = time.monotonic()
-    report = run_partition(base_url, Path(tmp), make_prompts(n, tag=dataset), dataset=dataset, max_in_flight=cap)
+    try:
+        report = run_partition(base_url, Path(tmp), make_prompts(n, tag=dataset), dataset=dataset, max_in_flight=cap)
+    except BaseException:
+        out.put((dataset, traceback.format_exc(), 0, 0, start, time.monotonic()))
+        raise
     out.put((dataset, report.stop_reason, report.done, report.peak_in_flight, start, time.monotonic()))
 
 
