@@ -88,6 +88,13 @@ class OpenRouterResource(ConfigurableResource):
     token_overshoot: float = Field(
         0.01, description="A dataset's output-token budget is a target: allowed overshoot, as a fraction of it"
     )
+    budget_tail_fraction: float = Field(
+        0.1,
+        ge=0.0,
+        lt=1.0,
+        description="At the end of the dollar budget, start no wave smaller than this share of max_in_flight: the"
+        " rest of the budget stays for the next run (0: spend it all, in ever smaller waves)",
+    )
     ledger_path: str = Field("", description="Ledger SQLite file; default $EAGLE_FORGE_HOME/state/ledger.sqlite")
     tokenizer_path: str = Field(
         "",
@@ -153,6 +160,7 @@ class OpenRouterResource(ConfigurableResource):
                 overspend_probability=self.overspend_probability,
                 token_overshoot=self.token_overshoot,
             ),
+            tail_fraction=self.budget_tail_fraction,
         )
 
     def ledger_file(self) -> Path:

@@ -18,8 +18,9 @@ from eagle_assets.generation.runner import GenerationSettings, PartitionJob, Par
 from resources.openrouter.client import OpenRouterClient
 from resources.openrouter.providers import ProviderPolicy, ProviderTable, parse_endpoints
 from resources.openrouter.secret import ApiKey
-from resources.simulator.config import LatencyConfig
+from resources.simulator.config import LatencyConfig, SimulatorConfig
 from resources.simulator.control import run_simulator_in_thread
+from resources.simulator.server import endpoints_payload
 from tests.generation.conftest import MODEL, make_prompts, sim_config
 
 MAX_TOKENS = 1024
@@ -38,6 +39,7 @@ def run_partition(
     max_tokens: int = MAX_TOKENS,
     policy: AdmissionPolicy | None = None,
     key_poll_s: float = 0.2,
+    tail_fraction: float = 0.1,
 ) -> PartitionReport:
     """One partition through the real runner; a module-level function, so a spawned process can run it."""
     settings = GenerationSettings(
@@ -50,6 +52,7 @@ def run_partition(
         key_poll_interval_s=key_poll_s,
         commit_interval_s=0.01,
         admission=policy or AdmissionPolicy(),
+        tail_fraction=tail_fraction,
     )
     job = PartitionJob(dataset, shard, prompts, token_budget, tmp / "journal" / dataset / f"{shard}.journal")
 
@@ -64,6 +67,11 @@ def run_partition(
             ledger.close()
 
     return asyncio.run(go())
+
+
+def prices(cfg: SimulatorConfig) -> ProviderTable:
+    """The simulator's endpoints as the runner sees them (allowed providers, dearest prices)."""
+    return ProviderTable(parse_endpoints(endpoints_payload(cfg)), ProviderPolicy())
 
 
 def journal(tmp: Path, dataset: str = "T1", shard: str = "0000") -> list[dict[str, Any]]:
@@ -90,6 +98,28 @@ def assert_consistent(tmp: Path, stats: dict[str, Any], dataset: str = "T1") -> 
     return recs
 
 
+def test_hard_mode_without_a_tail_cut_spends_up_to_the_last_worst_case(tmp_path):
+    cfg = sim_config(latency=LatencyConfig.fixed(0.02), mean_completion_tokens=60)
+    budget = 0.1
+    with run_simulator_in_thread(cfg) as sim:
+        report = run_partition(
+            sim.base_url,
+            tmp_path,
+            make_prompts(2000),
+            budget=budget,
+            max_in_flight=300,
+            policy=AdmissionPolicy(mode="hard"),
+            tail_fraction=0.0,
+        )
+        stats = sim.stats(0)
+    assert report.stop_reason == "budget", report.summary()
+    assert_consistent(tmp_path, stats)
+    table = prices(cfg)  # max_tokens and the prompt estimate (24 tokens + margin) at the dearest allowed prices
+    worst = MAX_TOKENS * table.max_completion_price + (24 * 1.1 + 16) * table.max_prompt_price
+    spent = totals(tmp_path).usd_spent
+    assert budget - worst <= spent <= budget  # stopped only when one more worst case did not fit
+
+
 @pytest.mark.parametrize("mode", ["statistical", "hard"])
 def test_dollar_budget_statistical_keeps_the_cap_busy_hard_holds_worst_cases(tmp_path, mode):
     # Statistical: slow enough answers that 300 in flight is bound by admission, not by this machine's CPU.
@@ -111,7 +141,7 @@ def test_dollar_budget_statistical_keeps_the_cap_busy_hard_holds_worst_cases(tmp
     assert_consistent(tmp_path, stats)
     spent = totals(tmp_path).usd_spent
     assert spent <= budget and stats["billed_usd"] <= budget
-    worst = MAX_TOKENS * 2.8e-6  # the dearest allowed completion price of the simulator's providers
+    worst = MAX_TOKENS * prices(cfg).max_completion_price  # the dearest allowed completion price
     if mode == "hard":
         assert stats["peak_in_flight"] <= budget // worst  # never more than the worst cases fit
     else:
