@@ -190,7 +190,7 @@ class BudgetLedger:
         # One connection shared by the event loop and the journal-commit thread, serialized by a lock.
         self._db = sqlite3.connect(self.path, timeout=60.0, isolation_level=None, check_same_thread=False)
         self._lock = threading.RLock()
-        self._db.execute("PRAGMA journal_mode=WAL")
+        self._wal()
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
         self._migrate()
@@ -204,6 +204,19 @@ class BudgetLedger:
         self._last_dead_check = time.monotonic()
         self._model_cache: tuple[tuple[Moments, int, AdmissionPolicy], LengthModel | None] | None = None
         self.recover_dead_owners()
+
+    def _wal(self) -> None:
+        """Switch to WAL. SQLite answers "locked" at once, without the busy timeout, while another process
+        sets up the same fresh file (B1–B8 starting together): wait for it instead of failing the step."""
+        deadline = time.monotonic() + 60.0
+        while True:
+            try:
+                self._db.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
 
     def _migrate(self) -> None:
         """Add what later versions keep per reservation; under the write lock, so racing openers agree."""

@@ -383,9 +383,10 @@ class PartitionRunner:
     async def _dispatch(self, pending: list[Prompt]) -> None:
         """Keep the workers supplied with reserved prompts until none are left or a budget stops the run.
 
-        Reservations run ``reserve_chunk`` ahead of the workers. Once a budget refuses (the wall), they
-        are made only in batches of ``_tail_min()``, and the run stops when fewer fit while nothing of
-        its own is in flight: a few requests at a time would each cost a full round trip.
+        Reservations run up to four ``reserve_chunk`` ahead of the workers. Once a budget refuses (the
+        wall), they are made only in batches of ``_tail_min()``, and admission stops when such a batch
+        will not fit even after everything in flight has settled (``_another_batch_fits``), or fewer fit
+        while nothing of this run is in flight: a few requests at a time would each cost a round trip.
         """
         queue = deque(pending)
         self._ramp_start = time.monotonic()
@@ -394,8 +395,8 @@ class PartitionRunner:
         try:
             while queue and not self._stop_admitting.is_set():
                 limit = self._limit_now()
-                # Between one and two chunks ready ahead of the workers, so none finds the queue empty;
-                # none at the wall, where every reservation counts.
+                # Two to four chunks ready ahead of the workers, so a burst of answers does not find the
+                # queue empty; none at the wall, where every reservation counts.
                 ahead = 0 if self._at_wall else 4 * self.s.reserve_chunk
                 room = limit + ahead - self._busy - len(self._ready)
                 if room < (1 if self._at_wall else min(self.s.reserve_chunk, len(queue))):
@@ -440,9 +441,11 @@ class PartitionRunner:
                 # settlements come in (at most once per commit interval), or after a while for the others.
                 await asyncio.sleep(self.s.commit_interval_s)
                 await self._wait_wake(0.25)
-            # The queue is done (or admission stopped): the workers finish what is ready and running.
-            while self._tasks:
-                await asyncio.wait(set(self._tasks))
+            # The queue is done (or admission stopped): the workers finish what is ready and running (and
+            # if this process's share dropped so low that they all left, new ones start as it grows back).
+            while self._tasks or (self._ready and not self._abort.is_set()):
+                self._staff()
+                await self._wait_wake(0.25)
             if self._worker_error is not None:
                 raise self._worker_error
         finally:

@@ -309,3 +309,33 @@ def test_two_processes_share_one_in_flight_cap(tmp_path):
                 conn.send(None)
                 assert conn.recv() == "closed"
             p.join(10)
+
+
+def _open_fresh(path, start, out):
+    start.wait(30)
+    try:
+        led = BudgetLedger(path)
+        led.reserve_many([("B1", "B1/0", f"{os.getpid()}", 0.01, 1)], budget_usd=1.0, token_budget=None)
+        led.close()
+        out.put("ok")
+    except Exception as exc:  # reported to the test, which shows it
+        out.put(f"{type(exc).__name__}: {exc}")
+
+
+def test_many_processes_can_create_the_same_fresh_ledger_at_once(tmp_path):
+    """B1–B8 started together on a new home all open a ledger that does not exist yet."""
+    ctx = multiprocessing.get_context("spawn")
+    start, out = ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=_open_fresh, args=(tmp_path / "l.sqlite", start, out)) for _ in range(8)]
+    for p in procs:
+        p.start()
+    time.sleep(1.0)  # let them all import and wait at the line
+    start.set()
+    results = [out.get(timeout=60) for _ in procs]
+    for p in procs:
+        p.join(30)
+    assert results == ["ok"] * 8
+    led = BudgetLedger(tmp_path / "l.sqlite")
+    # Each closed with its reservation open: charged as an orphan, all eight counted once.
+    assert led.totals().usd_spent == pytest.approx(0.08) and led.totals().in_flight == 0
+    led.close()
