@@ -25,6 +25,7 @@ import argparse
 import contextlib
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -278,6 +279,8 @@ def main() -> None:
         report(r, a)
         if a.keep:
             print(f"  work folder: {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
     print("\nresults:", orjson.dumps(results).decode())
 
 
