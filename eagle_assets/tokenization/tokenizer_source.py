@@ -10,6 +10,7 @@ resource's config field), else ``EAGLE_FORGE_TOKENIZER``, else the bundled copy.
 """
 
 import contextlib
+import functools
 import hashlib
 import os
 import re
@@ -81,8 +82,12 @@ def hub_spec(spec: str) -> tuple[str, str | None] | None:
     return repo, revision or None
 
 
+@functools.lru_cache(maxsize=8)
 def download_from_hub(repo_id: str, revision: str | None = None) -> Path:
-    """Fetch the tokenizer files into the Hugging Face cache; returns the snapshot folder holding them."""
+    """Fetch the tokenizer files into the Hugging Face cache; returns the snapshot folder holding them.
+
+    Once per process: every stage asks for the tokenizer, and each ask would otherwise be a round trip
+    to the Hub for every file."""
     try:
         from huggingface_hub import hf_hub_download
         from huggingface_hub.errors import EntryNotFoundError
