@@ -23,6 +23,7 @@ import json
 import math
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -137,11 +138,14 @@ async def run_engine(url: str, n: int, c: int, stream: bool = False) -> int:
         key_poll_interval_s=3600,
         stream=stream,
     )
-    async with OpenRouterClient(url, ApiKey("sk-bench"), max_connections=c) as client:
-        table = ProviderTable(parse_endpoints(await client.endpoints("moonshotai/kimi-k2.5")), ProviderPolicy())
-        runner = PartitionRunner(job, client, ledger, table, settings, lambda p: 16, emit=lambda s: None)
-        report = await runner.run()
-    ledger.close()
+    try:
+        async with OpenRouterClient(url, ApiKey("sk-bench"), max_connections=c) as client:
+            table = ProviderTable(parse_endpoints(await client.endpoints("moonshotai/kimi-k2.5")), ProviderPolicy())
+            runner = PartitionRunner(job, client, ledger, table, settings, lambda p: 16, emit=lambda s: None)
+            report = await runner.run()
+    finally:
+        ledger.close()
+        shutil.rmtree(tmp, ignore_errors=True)  # a journal of every request: nothing to keep
     return report.ok
 
 
