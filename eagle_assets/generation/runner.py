@@ -199,9 +199,6 @@ class PartitionRunner:
         """The prompt's part of the worst case: the estimate with a margin, at the dearest allowed price."""
         return (self.estimate(prompt) * self.s.reservation_margin + 16) * self.providers.max_prompt_price
 
-    def worst_case_usd(self, prompt: Prompt) -> float:
-        return self.prompt_usd(prompt) + self.s.max_tokens * self.providers.max_completion_price
-
     def _request(self, prompt: Prompt) -> ReservationRequest:
         """What a reservation of this prompt asks for; kept, since a refused prompt is asked for again."""
         req = self._requests.get(prompt.prompt_id)
