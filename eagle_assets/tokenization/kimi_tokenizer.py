@@ -16,14 +16,13 @@ from pathlib import Path
 import tiktoken
 
 from eagle_assets.tokenization.tokenizer_source import (
-    BUNDLED_DIR,
     TokenizerFilesError,
     require_files,
     resolve_tokenizer_dir,
     verify_checksums,
 )
 
-__all__ = ["DEFAULT_TOKENIZER_DIR", "KimiTokenizer", "TokenizerFilesError", "load_kimi_tokenizer"]
+__all__ = ["KimiTokenizer", "TokenizerFilesError", "load_kimi_tokenizer"]
 
 # The Kimi pre-tokenizer pattern (tiktoken ``pat_str``), verbatim from the model's tokenizer.
 KIMI_PAT_STR = "|".join(
@@ -40,7 +39,6 @@ KIMI_PAT_STR = "|".join(
 )
 
 NUM_RESERVED_SPECIAL = 256
-DEFAULT_TOKENIZER_DIR = BUNDLED_DIR
 
 
 def _read_ranks(path: Path) -> dict[bytes, int]:

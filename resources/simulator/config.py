@@ -12,10 +12,8 @@ from decimal import Decimal
 from pathlib import Path
 
 from eagle_assets.settings import tokenizer_dir
-from eagle_assets.tokenization.tokenizer_source import BUNDLED_DIR
 from resources.simulator.faults import FaultConfig
 
-DEFAULT_TOKENIZER_DIR = BUNDLED_DIR  # the copy inside the package; $EAGLE_FORGE_TOKENIZER overrides at construction
 MODEL_SLUG = "moonshotai/kimi-k2.5"
 MODEL_PERMASLUG = "moonshotai/kimi-k2.5-0127"
 MODEL_NAME = "MoonshotAI: Kimi K2.5"

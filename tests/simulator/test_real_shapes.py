@@ -17,7 +17,7 @@ from resources.openrouter.account import read_account_cap
 from resources.openrouter.client import OpenRouterClient
 from resources.openrouter.outcomes import RawResponse, classify, generation_id_from_prefix
 from resources.openrouter.secret import ApiKey
-from resources.simulator.config import DEFAULT_TOKENIZER_DIR, LatencyConfig, SimulatorConfig
+from resources.simulator.config import LatencyConfig, SimulatorConfig
 from resources.simulator.control import SimulatorHandle, run_simulator_in_thread
 from resources.simulator.faults import FaultConfig
 
@@ -126,7 +126,7 @@ async def test_no_generation_id_header_and_the_id_opens_body_and_stream():
 
 
 async def test_leading_spaces_and_null_content_beside_tool_calls():
-    tk = load_kimi_tokenizer(DEFAULT_TOKENIZER_DIR)
+    tk = load_kimi_tokenizer("bundled")
     spaced, plain, null_content = 0, 0, 0
     with simulator(leading_space_rate=0.5, tool_call_probability=1.0) as sim:
         async with OpenRouterClient(sim.base_url, ApiKey("sk-or-test")) as client:

@@ -23,7 +23,6 @@ from eagle_assets.tokenization.tool_declaration import declare_tools
 from resources.simulator.__main__ import config_from_args
 from resources.simulator.config import (
     DEFAULT_PROVIDERS,
-    DEFAULT_TOKENIZER_DIR,
     LatencyConfig,
     ProviderEndpoint,
     SimulatorConfig,
@@ -69,7 +68,7 @@ FP4_NAMES = {"Fireworks", "BaseTen", "DeepInfra"}
 
 @pytest.fixture(scope="module")
 def tk():
-    return load_kimi_tokenizer(DEFAULT_TOKENIZER_DIR)
+    return load_kimi_tokenizer("bundled")
 
 
 @contextmanager
