@@ -152,7 +152,7 @@ def ensure_embedded_simulator(base_url: str, wait_s: float | None = None) -> int
                     f"its last lines ({log_path}):\n{tail or '(nothing written)'}"
                 )
             if time.monotonic() > deadline:
-                stop_process(child.pid, _create_time(child.pid))
+                stop_process(child.pid, None)  # our own child, not yet reaped: its pid cannot be anyone else's
                 raise EmbeddedSimulatorError(
                     f"the embedded simulator did not answer at {base_url} within {wait_s:.0f}s (stopped it); "
                     f"its last lines ({log_path}):\n{_log_tail(log_path, offset) or '(nothing written)'}"
