@@ -22,6 +22,13 @@ When a process dies, its reservations are orphaned: the requests may still have 
 abandoned non-streaming request is billed in full), so an orphan is converted into spend at its
 worst-case cost. If the dead run had already journaled the result, the rerun of that partition
 corrects the orphan to the actual cost (``correct_orphans``) — conservative first, exact later.
+
+Attempts whose billing is unknown (a timeout, a dropped connection, a torn body, a partial answer that
+ended in an error, an orphan whose generation id had arrived) are charged provisionally and listed in
+``uncertain`` with their generation id: OpenRouter's ``/generation`` can answer 404 for minutes, so
+they are looked up later, by any process (``eagle_assets.generation.settlement`` decides when), and
+the provisional charge is replaced by the actual cost (``resolve_uncertain``) or kept for good
+(``write_off_uncertain``). This table is plain portable SQL, shared like the rest of the ledger.
 """
 
 import os
@@ -69,7 +76,12 @@ CREATE TABLE IF NOT EXISTS lengths (
   paid REAL NOT NULL DEFAULT 0, priced REAL NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS answers (dataset TEXT NOT NULL, seq INTEGER NOT NULL, tokens INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS slots (owner TEXT PRIMARY KEY, want INTEGER NOT NULL, held INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS uncertain (
+  generation_id TEXT PRIMARY KEY, spend_id TEXT NOT NULL, dataset TEXT NOT NULL, partition TEXT NOT NULL,
+  prompt_id TEXT NOT NULL, provisional_usd INTEGER NOT NULL, charged_at REAL NOT NULL,
+  lookups INTEGER NOT NULL DEFAULT 0, next_lookup REAL NOT NULL);
 CREATE INDEX IF NOT EXISTS reservations_owner ON reservations(owner);
+CREATE INDEX IF NOT EXISTS uncertain_due ON uncertain(next_lookup);
 CREATE INDEX IF NOT EXISTS spend_partition ON spend(partition, kind);
 CREATE INDEX IF NOT EXISTS answers_seq ON answers(dataset, seq);
 """
@@ -81,6 +93,8 @@ _ADDED_COLUMNS = {
         "hard": "INTEGER NOT NULL DEFAULT 1",
         "prompt_usd": "INTEGER NOT NULL DEFAULT 0",
         "price": "REAL NOT NULL DEFAULT 0",
+        # The attempt's generation id once its response head arrived: an orphan with one is settled later.
+        "generation_id": "TEXT DEFAULT NULL",
     },
     "lengths": {"paid": "REAL NOT NULL DEFAULT 0", "priced": "REAL NOT NULL DEFAULT 0"},
 }
@@ -131,6 +145,24 @@ class Settlement:
     usd: float
     tokens: int
     kind: str = "settled"  # settled | discarded | uncertain | failed | released
+    # With kind "uncertain": the attempt's generation id, so that ``usd`` is provisional and listed in
+    # ``uncertain`` until /generation says what was billed (None: no id was seen, ``usd`` is final).
+    generation_id: str | None = None
+
+
+@dataclass(frozen=True)
+class UncertainAttempt:
+    """An attempt charged provisionally, awaiting its actual cost from /generation."""
+
+    generation_id: str
+    spend_id: str
+    dataset: str
+    partition: str
+    prompt_id: str
+    provisional_usd: float
+    charged_at: float
+    lookups: int
+    next_lookup: float
 
 
 @dataclass(frozen=True)
@@ -563,10 +595,17 @@ class BudgetLedger:
 
     # --- settlement -------------------------------------------------------------------------
     def settle_many(self, settlements: Iterable[Settlement]) -> None:
-        """Close reservations; answers feed the length statistics (a lost attempt counts as max_tokens)."""
-        items = [(st.reservation, st.usd, st.tokens, st.kind) for st in settlements]
+        """Close reservations; answers feed the length statistics (a lost attempt counts as max_tokens).
+
+        An ``uncertain`` settlement with a generation id is listed for a later lookup (``due_uncertain``).
+        """
+        sts = list(settlements)
+        items = [(st.reservation, st.usd, st.tokens, st.kind) for st in sts]
         with self._tx() as cur:
             closed = self._close_many(cur, items)
+            now = time.time()
+            provisional = [sts[i] for i in closed if sts[i].kind == "uncertain"]
+            self._list_uncertain(cur, [(st.generation_id, st.reservation, st.usd, now) for st in provisional])
             answers = []
             prices: dict[str, list[float]] = {}
             for i in closed:
@@ -628,6 +667,19 @@ class BudgetLedger:
             ),
         )
 
+    @staticmethod
+    def _list_uncertain(cur: sqlite3.Cursor, rows: list[tuple[str | None, Reservation, float, float]]) -> None:
+        """List provisional charges (generation id, the reservation whose spend row holds it, usd, when)."""
+        cur.executemany(
+            "INSERT INTO uncertain (generation_id, spend_id, dataset, partition, prompt_id, provisional_usd,"
+            " charged_at, lookups, next_lookup) VALUES (?,?,?,?,?,?,?,0,?) ON CONFLICT (generation_id) DO NOTHING",
+            [
+                (gen_id, res.id, res.dataset, res.partition, res.prompt_id, _n(usd), now, now)
+                for gen_id, res, usd, now in rows
+                if gen_id
+            ],
+        )
+
     def release(self, reservation: Reservation) -> None:
         """Give back a reservation whose request was never billed."""
         self.settle_many([Settlement(reservation, 0.0, 0, "released")])
@@ -687,14 +739,17 @@ class BudgetLedger:
     def _orphan_owner(self, cur: sqlite3.Cursor, owner: str) -> int:
         """Charge an owner's open reservations at their worst case and forget the owner."""
         rows = cur.execute(
-            "SELECT id, dataset, partition, prompt_id, usd, tokens, seq, hard, prompt_usd, price FROM reservations"
-            " WHERE owner = ?",
+            "SELECT id, dataset, partition, prompt_id, usd, tokens, seq, hard, prompt_usd, price, generation_id"
+            " FROM reservations WHERE owner = ?",
             (owner,),
         ).fetchall()
         orphans = [
             Reservation(*row[:4], row[4] / NANO, row[5], row[6], bool(row[7]), row[8] / NANO, row[9]) for row in rows
         ]
         self._close_many(cur, [(res, res.usd, 0, "orphan") for res in orphans])
+        # An orphan whose response head had arrived names its generation: look its real cost up later.
+        now = time.time()
+        self._list_uncertain(cur, [(row[10], res, res.usd, now) for row, res in zip(rows, orphans, strict=True)])
         for dataset in {res.dataset for res in orphans}:
             self._refresh_lengths(cur, dataset)
         cur.execute("DELETE FROM owners WHERE owner = ?", (owner,))
@@ -718,8 +773,91 @@ class BudgetLedger:
                 )
                 for scope in (GLOBAL, _scope(dataset)):
                     self._bump(cur, scope, usd_spent=_n(real_usd) - nano, tokens_spent=tokens)
+                cur.execute("DELETE FROM uncertain WHERE spend_id = ?", (rid,))  # known exactly now
                 refunded += nano / NANO - real_usd
         return refunded
+
+    # --- attempts awaiting settlement -------------------------------------------------------
+    def note_generation_ids(self, pairs: Iterable[tuple[Reservation, str]]) -> None:
+        """Remember which generation an open reservation's request started, as soon as the response head
+        names it: should this process die, the orphan is then settled from /generation, not charged for good."""
+        rows = [(gen_id, res.id) for res, gen_id in pairs if gen_id]
+        if not rows:
+            return
+        with self._tx() as cur:
+            cur.executemany("UPDATE reservations SET generation_id = ? WHERE id = ?", rows)
+
+    def due_uncertain(self, now: float, limit: int = 200, claim_s: float = 30.0) -> list[UncertainAttempt]:
+        """Claim up to ``limit`` attempts whose lookup is due: their next lookup moves ``claim_s`` ahead, so
+        that processes settling at once do not all look the same ids up."""
+        with self._tx() as cur:
+            rows = cur.execute(
+                "SELECT generation_id, spend_id, dataset, partition, prompt_id, provisional_usd, charged_at, lookups,"
+                " next_lookup FROM uncertain WHERE next_lookup <= ? ORDER BY next_lookup LIMIT ?",
+                (now, limit),
+            ).fetchall()
+            cur.executemany(
+                "UPDATE uncertain SET next_lookup = ? WHERE generation_id = ?", [(now + claim_s, r[0]) for r in rows]
+            )
+        return [UncertainAttempt(*r[:5], r[5] / NANO, *r[6:]) for r in rows]
+
+    def uncertain_attempts(self, partition: str | None = None) -> list[UncertainAttempt]:
+        """Every attempt still awaiting settlement (of one partition, or all)."""
+        q = (
+            "SELECT generation_id, spend_id, dataset, partition, prompt_id, provisional_usd, charged_at, lookups,"
+            " next_lookup FROM uncertain"
+        )
+        with self._lock:
+            rows = self._db.execute(
+                q + (" WHERE partition = ?" if partition else "") + " ORDER BY charged_at",
+                (partition,) if partition else (),
+            ).fetchall()
+        return [UncertainAttempt(*r[:5], r[5] / NANO, *r[6:]) for r in rows]
+
+    def reschedule_uncertain(self, items: Iterable[tuple[str, float]]) -> None:
+        """One more lookup found nothing (404: not indexed yet): count it and set when to look again."""
+        rows = [(at, gen_id) for gen_id, at in items]
+        if not rows:
+            return
+        with self._tx() as cur:
+            cur.executemany("UPDATE uncertain SET lookups = lookups + 1, next_lookup = ? WHERE generation_id = ?", rows)
+
+    def resolve_uncertain(self, items: Iterable[tuple[str, float]]) -> float:
+        """Replace provisional charges by what /generation says was billed; returns the dollars given back
+        (negative if an attempt cost more than its provisional charge). An id no longer listed (settled by
+        another process) is skipped: never corrected twice."""
+        refunded = 0
+        with self._tx() as cur:
+            for gen_id, actual_usd in items:
+                row = cur.execute(
+                    "DELETE FROM uncertain WHERE generation_id = ? RETURNING spend_id", (gen_id,)
+                ).fetchone()
+                if row is None:
+                    continue
+                spend = cur.execute("SELECT dataset, usd, kind FROM spend WHERE id = ?", (row[0],)).fetchone()
+                if spend is None:
+                    continue
+                dataset, nano, kind = spend
+                actual = _n(max(0.0, actual_usd))
+                cur.execute("UPDATE spend SET usd = ?, kind = ? WHERE id = ?", (actual, f"{kind}_settled", row[0]))
+                for scope in (GLOBAL, _scope(dataset)):
+                    self._bump(cur, scope, usd_spent=actual - nano)
+                refunded += nano - actual
+        return refunded / NANO
+
+    def write_off_uncertain(self, generation_ids: Iterable[str]) -> float:
+        """Stop looking these attempts up: their provisional charge stands for good; returns its sum."""
+        total = 0
+        with self._tx() as cur:
+            for gen_id in generation_ids:
+                row = cur.execute(
+                    "DELETE FROM uncertain WHERE generation_id = ? RETURNING spend_id, provisional_usd", (gen_id,)
+                ).fetchone()
+                if row is None:
+                    continue
+                cur.execute("UPDATE spend SET kind = kind || '_written_off' WHERE id = ?", (row[0],))
+                total += row[1]
+        return total / NANO
 
     def close(self) -> None:
         with self._tx() as cur:

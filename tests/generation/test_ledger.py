@@ -339,3 +339,57 @@ def test_many_processes_can_create_the_same_fresh_ledger_at_once(tmp_path):
     # Each closed with its reservation open: charged as an orphan, all eight counted once.
     assert led.totals().usd_spent == pytest.approx(0.08) and led.totals().in_flight == 0
     led.close()
+
+
+# --- attempts awaiting settlement ---------------------------------------------------------------
+def test_uncertain_attempts_are_charged_provisionally_then_resolved_or_written_off(tmp_path):
+    led = BudgetLedger(tmp_path / "l.sqlite")
+    g, _ = led.reserve_many([("B1", "B1/0", f"p{i}", 0.50, 100) for i in range(4)], budget_usd=10, token_budget=None)
+    led.settle_many(
+        [
+            Settlement(g[0], 0.50, 0, "uncertain", generation_id="gen-a"),
+            Settlement(g[1], 0.50, 0, "uncertain", generation_id="gen-b"),
+            Settlement(g[2], 0.50, 0, "uncertain"),  # no id seen: the charge is final at once
+            Settlement(g[3], 0.02, 10),
+        ]
+    )
+    assert led.totals().usd_spent == pytest.approx(1.52)
+    listed = led.uncertain_attempts("B1/0")
+    assert [(u.generation_id, u.prompt_id, u.provisional_usd, u.lookups) for u in listed] == [
+        ("gen-a", "p0", pytest.approx(0.5), 0),
+        ("gen-b", "p1", pytest.approx(0.5), 0),
+    ]
+    now = listed[0].charged_at + 1
+    claimed = led.due_uncertain(now, claim_s=60)
+    assert {u.generation_id for u in claimed} == {"gen-a", "gen-b"}
+    assert led.due_uncertain(now + 1) == []  # claimed: another process does not look them up at once
+    led.reschedule_uncertain([("gen-b", now + 5)])
+    assert [u.generation_id for u in led.due_uncertain(now + 6)] == ["gen-b"]
+    assert led.uncertain_attempts()[1].lookups == 1
+    # /generation says gen-a cost 0.07: 0.43 comes back; a second answer for it changes nothing.
+    assert led.resolve_uncertain([("gen-a", 0.07)]) == pytest.approx(0.43)
+    assert led.resolve_uncertain([("gen-a", 0.07)]) == 0
+    assert led.totals().usd_spent == pytest.approx(1.09) and led.totals("B1").usd_spent == pytest.approx(1.09)
+    assert led.write_off_uncertain(["gen-b", "gen-unknown"]) == pytest.approx(0.5)
+    assert led.uncertain_attempts() == [] and led.totals().usd_spent == pytest.approx(1.09)
+    kinds = led.spend_by_kind("B1/0")
+    assert kinds["uncertain_settled"] == pytest.approx(0.07) and kinds["uncertain_written_off"] == pytest.approx(0.5)
+    led.close()
+
+
+def test_an_orphan_whose_generation_id_arrived_is_settled_later(tmp_path):
+    path = tmp_path / "l.sqlite"
+    dead = BudgetLedger(path)
+    g, _ = dead.reserve_many([("B1", "B1/0", f"p{i}", 0.40, 100) for i in range(3)], budget_usd=10, token_budget=None)
+    dead.note_generation_ids([(g[0], "gen-head-0"), (g[1], "gen-head-1")])  # p2's head never came
+    dead.close()  # a close with open reservations orphans them, like a dead owner
+    led = BudgetLedger(path)
+    assert led.totals().usd_spent == pytest.approx(1.2) and led.totals().in_flight == 0
+    assert sorted(u.generation_id for u in led.uncertain_attempts()) == ["gen-head-0", "gen-head-1"]
+    assert all(u.provisional_usd == pytest.approx(0.4) for u in led.uncertain_attempts())
+    # The abandoned request was billed 0.11 in full; the other was journaled, so the rerun corrects it.
+    assert led.resolve_uncertain([("gen-head-0", 0.11)]) == pytest.approx(0.29)
+    assert led.correct_orphans("B1/0", {g[1].id: (0.05, 9)}) == pytest.approx(0.35)
+    assert led.uncertain_attempts() == []
+    assert led.totals().usd_spent == pytest.approx(0.11 + 0.05 + 0.40)
+    led.close()
