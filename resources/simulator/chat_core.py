@@ -1,0 +1,240 @@
+"""What every answer of ``POST /chat/completions`` shares: the prepared response, usage, latency, billing
+rules, the fault answers that come before or instead of a completion, and the drop of a connection.
+
+``chat.py`` parses and routes a request and picks its answer; ``chat_plain.py`` answers it whole and
+``chat_stream.py`` as SSE, both on top of this. It has to stay cheap per request (2000 in flight on
+two cores must measure the client, not the simulator): responses are prepared once per prompt and
+cached, JSON goes through orjson and nothing is logged per request.
+"""
+
+import asyncio
+import concurrent.futures
+import hashlib
+import itertools
+import secrets
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from eagle_assets.tokenization.kimi_tokenizer import load_kimi_tokenizer
+from resources.simulator.config import ProviderEndpoint, SimulatorConfig
+from resources.simulator.faults import UNBILLED_FAULTS, FaultConfig
+from resources.simulator.responses import (
+    ChatRequest,
+    Completion,
+    KimiStyleGenerator,
+    PreparedResponse,
+    ResponseCache,
+    ResponseGenerator,
+    TokenAccountant,
+)
+from resources.simulator.state import SimulatorState
+from resources.simulator.wire import answer, authorized, error_body, seconds_header, unauthorized
+
+PROCESSING = b": OPENROUTER PROCESSING\n\n"
+_SPACE_DRAW = 1 << 32
+
+
+class ChatCore:
+    """State and helpers of the chat route; one instance per app, sharing the ``SimulatorState``."""
+
+    def __init__(self, config: SimulatorConfig, state: SimulatorState, generator: ResponseGenerator | None) -> None:
+        self.config = config
+        self.state = state
+        self.accountant = TokenAccountant(load_kimi_tokenizer(config.tokenizer_dir))
+        if generator is None and config.tiny_target_dir is not None:
+            from resources.simulator.model_generator import tiny_target_generator  # imports torch
+
+            generator = tiny_target_generator(config, self.accountant.tokenizer)
+        self.generator: ResponseGenerator = generator or KimiStyleGenerator(
+            config.seed, config.mean_completion_tokens, config.tool_call_probability
+        )
+        # A generator that blocks (a model forward) offers ``submit(request) -> concurrent Future``
+        # and is awaited off the event loop; the template generator stays inline (no await, no thread).
+        self._submit: Callable[[ChatRequest], concurrent.futures.Future[Completion]] | None = getattr(
+            self.generator, "submit", None
+        )
+        self.cache = ResponseCache(config.cache_size)
+        self._id_prefix = secrets.token_hex(4)
+        self._counter = itertools.count(1)
+        # A model-backed generator's text is the model's own output: it gets no leading spaces.
+        self._leading_space_rate = config.leading_space_rate if self._submit is None else 0.0
+
+    def _answer(self, status: int, outcome: str, payload: Any, headers: dict[str, str] | None = None) -> web.Response:
+        return answer(self.state, status, outcome, payload, headers)
+
+    def _unauthorized(self) -> web.Response:
+        return unauthorized(self.state)
+
+    def _authorized(self, request: web.Request) -> bool:
+        return authorized(self.config, request)
+
+    def _new_id(self) -> str:
+        return f"gen-{int(time.time())}-{self._id_prefix}{next(self._counter):010d}"
+
+    @staticmethod
+    def _cache_key(req: ChatRequest, exclude_reasoning: bool) -> tuple[Any, ...]:
+        choice_key = req.tool_choice if isinstance(req.tool_choice, str | None) else orjson.dumps(req.tool_choice)
+        return (req.content_hash, req.max_tokens, exclude_reasoning, choice_key)
+
+    def _account(self, req: ChatRequest, completion: Completion, exclude_reasoning: bool) -> PreparedResponse:
+        prompt_tokens = self.accountant.prompt_tokens(req.messages, req.tools)
+        if self._leading_space_rate and self._leading_space(req.content_hash):
+            # Some Kimi providers start both fields with a space; it is text like any other (counted, kept).
+            completion = Completion(
+                " " + completion.reasoning if completion.reasoning else "",
+                " " + completion.content if completion.content else "",
+                completion.tool_calls,
+                completion.finish_reason,
+            )
+        return self.accountant.prepare(completion, prompt_tokens, req.max_tokens, exclude_reasoning)
+
+    def _prepare(self, req: ChatRequest, exclude_reasoning: bool) -> PreparedResponse:
+        key = self._cache_key(req, exclude_reasoning)
+        prepared = self.cache.get(key)
+        if prepared is None:
+            prepared = self._account(req, self.generator.generate(req), exclude_reasoning)
+            self.cache.put(key, prepared)
+        return prepared
+
+    async def _prepare_off_loop(self, req: ChatRequest, exclude_reasoning: bool) -> PreparedResponse:
+        assert self._submit is not None
+        key = self._cache_key(req, exclude_reasoning)
+        prepared = self.cache.get(key)
+        if prepared is None:
+            # Shielded: a client that gives up must not cancel a generation other requests share.
+            completion = await asyncio.shield(asyncio.wrap_future(self._submit(req)))
+            prepared = self._account(req, completion, exclude_reasoning)
+            self.cache.put(key, prepared)
+        return prepared
+
+    def _leading_space(self, content_hash: str) -> bool:
+        """A fixed draw per prompt (text never depends on the attempt), at ``leading_space_rate``."""
+        digest = hashlib.blake2b(f"space:{self.config.seed}:{content_hash}".encode(), digest_size=4).digest()
+        return int.from_bytes(digest, "big") < self._leading_space_rate * _SPACE_DRAW
+
+    def _usage(self, prompt_tokens: int, completion_tokens: int, reasoning_tokens: int, cost: float) -> dict[str, Any]:
+        return {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "cost": cost,
+            "is_byok": False,
+            "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
+            "cost_details": {"upstream_inference_cost": None},
+            "completion_tokens_details": {"reasoning_tokens": reasoning_tokens, "image_tokens": 0},
+        }
+
+    def _outside(self, candidates: list[ProviderEndpoint]) -> ProviderEndpoint | None:
+        """An endpoint routing should have excluded, under a display name no candidate shares (a
+        violation the client can see; one under a shared name is what pinning by tag prevents)."""
+        names = {e.name.lower() for e in candidates}
+        pool = [e for e in self.config.providers if e.name.lower() not in names and e.status == 0]
+        return self.state.picker.choice(pool) if pool else None
+
+    def _early_fault(self, fault: str, faults: FaultConfig, provider: ProviderEndpoint) -> web.Response:
+        if fault == "inflight_402":
+            return self._answer(
+                402,
+                fault,
+                error_body(
+                    402,
+                    "Your in-flight spending budget is exhausted; retry when earlier requests finish",
+                    {"limit_source": "openrouter_in_flight_budget"},
+                ),
+                {"Retry-After": "1"},
+            )
+        headers = None
+        if fault == "rate_limit":
+            headers = {
+                "Retry-After": seconds_header(faults.retry_after_s),
+                "X-RateLimit-Reset": str(int((time.time() + faults.retry_after_s) * 1000)),
+            }
+        return self._answer(
+            429,
+            fault,
+            error_body(
+                429,
+                f"{provider.name} is temporarily rate-limited upstream. Please retry shortly.",
+                {
+                    "provider_name": provider.name,
+                    "raw": f"{provider.slug}: rate limit exceeded",
+                    "error_type": "rate_limit",
+                },
+            ),
+            headers,
+        )
+
+    def _server_error(self, provider: ProviderEndpoint) -> web.Response:
+        status = (500, 502, 503)[self.state.picker.randrange(3)]
+        messages = {
+            500: "Internal Server Error",
+            502: "Provider returned an invalid response",
+            503: "Provider is unavailable",
+        }
+        headers = {"Retry-After": "1"} if status == 503 else None
+        return self._answer(
+            status,
+            "server_error",
+            error_body(
+                status,
+                messages[status],
+                {"provider_name": provider.name, "raw": "upstream error", "error_type": "provider_error"},
+            ),
+            headers,
+        )
+
+    def _latency(self, fault: str | None) -> float:
+        if fault == "stall":
+            return self.state.faults.stall_seconds
+        return self.config.latency.draw(self.state.latency_rng)
+
+    def _billable(self, fault: str | None, prepared: PreparedResponse) -> bool:
+        if fault in UNBILLED_FAULTS:
+            return False
+        if fault == "truncated_json" and not self.state.faults.bill_truncated_json:
+            return False
+        return prepared.completion_tokens > 0
+
+    def _body(
+        self, gen_id: str, provider: ProviderEndpoint, choice: dict[str, Any], usage: dict[str, Any]
+    ) -> dict[str, Any]:
+        return {
+            "id": gen_id,
+            "provider": provider.name,
+            "model": self.config.model_permaslug,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "choices": [choice],
+            "system_fingerprint": None,
+            "usage": usage,
+        }
+
+    async def _drop(self, request: web.Request) -> web.StreamResponse:
+        """Close the TCP connection without a byte of response, like a crashed edge node."""
+        st = self.state.stats
+        st.by_outcome["drop_connection"] += 1
+        st.by_status["none"] += 1
+        transport = request.transport
+        if transport is not None:
+            transport.abort()
+        # The aborted connection cancels this handler (handler_cancellation); should a runner
+        # without it host the app, the error raised below goes nowhere either.
+        await asyncio.sleep(5)
+        raise ConnectionResetError("simulated dropped connection")
+
+    async def _sleep(self, seconds: float) -> None:
+        if seconds > 0:
+            await asyncio.sleep(seconds)
+
+    async def _sleep_with_comments(self, resp: web.StreamResponse, seconds: float) -> None:
+        interval = self.config.processing_comment_interval_s
+        while seconds > 0:
+            step = min(interval, seconds)
+            await asyncio.sleep(step)
+            seconds -= step
+            if seconds > 0:
+                await resp.write(PROCESSING)

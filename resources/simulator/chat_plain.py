@@ -1,0 +1,148 @@
+"""The non-streaming answer of ``POST /chat/completions``: one JSON body after the latency, or a fault.
+
+A client that gives up on a non-streaming request is billed in full, as OpenRouter bills it: the
+upstream generation ran to the end regardless.
+"""
+
+import asyncio
+import time
+
+import orjson
+from aiohttp import web
+
+from resources.simulator.chat_core import ChatCore
+from resources.simulator.config import ProviderEndpoint
+from resources.simulator.responses import ChatRequest, PreparedResponse
+from resources.simulator.wire import JSON, error_body
+
+
+class PlainAnswer(ChatCore):
+    async def _complete(
+        self,
+        request: web.Request,
+        req: ChatRequest,
+        prepared: PreparedResponse,
+        provider: ProviderEndpoint,
+        fault: str | None,
+        started: float,
+    ) -> web.StreamResponse:
+        state = self.state
+        gen_id = self._new_id()
+        billable = self._billable(fault, prepared)
+        delay = self._latency(fault)
+        try:
+            if delay > 0:
+                await asyncio.sleep(delay)
+        except asyncio.CancelledError:
+            # The client gave up: OpenRouter still bills a non-streaming request in full, because
+            # the upstream generation ran to the end regardless.
+            if billable and not state.stopping:
+                state.record_generation(
+                    gen_id,
+                    req.content_hash,
+                    provider,
+                    prepared.prompt_tokens,
+                    prepared.completion_tokens,
+                    prepared.reasoning_tokens,
+                    prepared.finish_reason,
+                    billed=True,
+                    streamed=False,
+                    cancelled=True,
+                    started=started,
+                    generation_s=time.monotonic() - started,
+                )
+                state.stats.by_outcome["abandoned"] += 1
+            raise
+        headers = None  # OpenRouter sends no generation-id header: the id is the body's first field
+        if fault == "server_error":
+            return self._server_error(provider)
+        if fault == "timeout_408":
+            return self._answer(
+                408,
+                fault,
+                error_body(
+                    408, "Request timed out upstream", {"provider_name": provider.name, "error_type": "timeout"}
+                ),
+            )
+        if fault == "drop_connection":
+            return await self._drop(request)
+        if fault == "error_body":
+            code: int | str = (502, "502", 503)[state.picker.randrange(3)]
+            return self._answer(
+                200,
+                fault,
+                error_body(
+                    code,
+                    "Upstream error from provider",
+                    {"provider_name": provider.name, "raw": "connection reset", "error_type": "provider_error"},
+                ),
+                headers,
+            )
+        if fault == "finish_error":
+            partial = prepared.content[: len(prepared.content) // 2]
+            done_tokens = prepared.completion_tokens // 2
+            state.record_generation(
+                gen_id,
+                req.content_hash,
+                provider,
+                prepared.prompt_tokens,
+                done_tokens,
+                prepared.reasoning_tokens,
+                "error",
+                billed=False,
+                streamed=False,
+                cancelled=False,
+                started=started,
+                generation_s=delay,
+            )
+            message = {**prepared.message, "content": partial}
+            message.pop("tool_calls", None)
+            body = self._body(
+                gen_id,
+                provider,
+                {
+                    "logprobs": None,
+                    "finish_reason": "error",
+                    "native_finish_reason": "error",
+                    "index": 0,
+                    "message": message,
+                    "error": {
+                        "code": 502,
+                        "message": "Provider disconnected mid-generation",
+                        "metadata": {"provider_name": provider.name},
+                    },
+                },
+                self._usage(prepared.prompt_tokens, done_tokens, prepared.reasoning_tokens, 0.0),
+            )
+            return self._answer(200, fault, body, headers)
+
+        cost = state.record_generation(
+            gen_id,
+            req.content_hash,
+            provider,
+            prepared.prompt_tokens,
+            prepared.completion_tokens,
+            prepared.reasoning_tokens,
+            prepared.finish_reason,
+            billed=billable,
+            streamed=False,
+            cancelled=False,
+            started=started,
+            generation_s=delay,
+        )
+        body = self._body(
+            gen_id,
+            provider,
+            prepared.choice,
+            self._usage(prepared.prompt_tokens, prepared.completion_tokens, prepared.reasoning_tokens, cost),
+        )
+        data = orjson.dumps(body)
+        outcome = "ok" if fault is None else fault
+        if fault == "truncated_json":
+            data = data[: len(data) // 2]
+        elif fault == "whitespace_padding":
+            data = (b"\n", b"\n\n", b"   \n", b"\n \n  ")[state.picker.randrange(4)] + data
+        st = state.stats
+        st.by_outcome[outcome] += 1
+        st.by_status["200"] += 1
+        return web.Response(body=data, content_type=JSON, headers=headers)
