@@ -504,7 +504,8 @@ class PartitionRunner:
             if out.action is Action.SUCCESS:
                 assert out.data is not None
                 provider = out.data.get("provider")
-                cost = out.cost_usd or self._priced(out.data)
+                # A zero cost is a cost (free, discounted); only a missing one is priced from the usage.
+                cost = out.cost_usd if out.cost_usd is not None else self._priced(out.data)
                 if not self.providers.is_allowed_name(provider):
                     self.report.errors["disallowed_provider"] += 1
                     self.report.discarded_usd += cost
@@ -551,7 +552,7 @@ class PartitionRunner:
                     return  # no headroom for a retry: the prompt stays pending
                 res = again[0]
                 continue
-            if out.cost_usd > 0:
+            if out.cost_usd:
                 self.ledger.record_spend(self.job.dataset, self.job.key, prompt.prompt_id, out.cost_usd, "error")
                 self.report.spent_usd += out.cost_usd
             if out.action is Action.RETRY:

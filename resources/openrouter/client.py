@@ -27,7 +27,7 @@ from resources.openrouter.secret import ApiKey
 from resources.openrouter.sse import assemble_sse
 from resources.openrouter.stream_transport import StreamPool
 
-_KEPT_HEADERS = ("retry-after", "x-ratelimit-reset")
+_KEPT_HEADERS = ("retry-after", "x-ratelimit-reset", "x-generation-id")
 _TRANSPORT_ERRORS = (
     aiohttp.ClientPayloadError,
     aiohttp.ServerDisconnectedError,

@@ -13,10 +13,18 @@ several causes that call for opposite actions:
 A ``retryable`` flag in the error (``error.retryable``, ``error.metadata.retryable`` or
 ``error.availability.retryable``, wherever OpenRouter puts it) overrides the status: true makes a
 skip or stop a retry, false makes a retry fatal (retrying is futile, skipping would lose data
-silently; a stopped run is resumable). Classification is a pure function of the raw answer, which
-keeps every rule testable without a network (``tests/fixtures/openrouter`` holds the bodies).
+silently; a stopped run is resumable). A 402 or 403 is read by ``error.metadata.limit_source`` and
+``reason`` before any wording: a key, workspace or guardrail budget, or the credits, stops the run;
+the in-flight budget is pacing. Classification is a pure function of the raw answer, which keeps
+every rule testable without a network (``tests/fixtures/openrouter`` holds the bodies).
+
+``cost_usd`` is None when the answer carries no ``usage.cost`` (a zero cost is a cost, not a gap),
+and ``partial_output`` marks an answer that ended in an error after producing text: OpenRouter
+documents only zero-completion answers as unbilled, so such an attempt is settled from
+``/generation`` by its id, never assumed free.
 """
 
+import email.utils
 import enum
 import re
 import time
@@ -40,8 +48,9 @@ class RawResponse:
 
     ``body`` may be a torn prefix when ``transport_error`` is set (a dropped connection or a timeout
     mid-body). A streamed answer arrives already assembled in ``parsed`` (the non-streaming shape).
-    ``generation_id`` is the ``gen-…`` id when the transport saw it (a stream's first chunk);
-    ``generation_id_of`` also finds it at the start of a body.
+    ``generation_id`` is the ``gen-…`` id when the transport saw it (the ``X-Generation-Id`` header of
+    the response head, else a stream's first chunk); ``generation_id_of`` also finds it at the start
+    of a body.
     """
 
     status: int | None
@@ -60,7 +69,8 @@ class Outcome:
     message: str = ""
     retry_after_s: float | None = None
     data: dict[str, Any] | None = None  # parsed success body
-    cost_usd: float = 0.0  # billed even when the data is not kept
+    cost_usd: float | None = None  # ``usage.cost`` (billed even when the data is not kept); None: not given
+    partial_output: bool = False  # an error after output: may have been billed, settle from /generation
 
 
 # --- generation ids ----------------------------------------------------------------------------
@@ -79,32 +89,78 @@ def generation_id_from_prefix(data: bytes | None) -> str | None:
 
 
 def generation_id_of(raw: RawResponse) -> str | None:
-    """Where the generation id of an attempt can be found: the stream's first chunk or the body's start."""
+    """Where the generation id of an attempt can be found: the ``X-Generation-Id`` header (it arrives with
+    the response head, before any padding or body), a stream's first chunk, else the body's start."""
     if raw.generation_id:
         return raw.generation_id
+    header = raw.headers.get("x-generation-id")
+    if header:
+        return header
     if raw.parsed is not None and isinstance(raw.parsed.get("id"), str) and raw.parsed["id"].startswith("gen-"):
         return raw.parsed["id"]
     return generation_id_from_prefix(raw.body)
 
 
 # --- helpers -----------------------------------------------------------------------------------
-def _retry_after(headers: dict[str, str], meta: dict[str, Any], now: float | None = None) -> float | None:
-    candidates: list[Any] = [headers.get("retry-after")]
-    meta_headers = meta.get("headers") if isinstance(meta.get("headers"), dict) else {}
-    candidates += [meta.get("retry_after_seconds"), meta_headers.get("Retry-After"), meta_headers.get("retry-after")]
-    for value in candidates:
-        if value is None or value == "":
-            continue
+def _seconds(value: Any, now: float) -> float | None:
+    """A ``Retry-After`` value: seconds (a number or its text), or an HTTP date."""
+    if value is None or value == "" or isinstance(value, bool):
+        return None
+    try:
+        return max(0.0, float(value))
+    except (TypeError, ValueError):
+        pass
+    if isinstance(value, str):
         try:
-            return max(0.0, float(value))
-        except (TypeError, ValueError):
-            continue
-    reset = headers.get("x-ratelimit-reset")
-    if reset:
-        try:
-            return max(0.0, float(reset) / 1000.0 - (now if now is not None else time.time()))
-        except ValueError:
-            pass
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when is not None:
+            return max(0.0, when.timestamp() - now)
+    return None
+
+
+def _reset_at(value: Any, now: float) -> float | None:
+    """An ``X-RateLimit-Reset`` value: epoch milliseconds (OpenRouter's), epoch seconds, or a delay."""
+    try:
+        reset = float(value)
+    except (TypeError, ValueError):
+        return None
+    if reset >= 1e11:
+        reset = reset / 1000.0 - now
+    elif reset >= 1e9:
+        reset -= now
+    return max(0.0, reset)
+
+
+def _lower_keys(d: Any) -> dict[str, Any]:
+    return {str(k).lower(): v for k, v in d.items()} if isinstance(d, dict) else {}
+
+
+def _retry_after(
+    headers: dict[str, str], meta: dict[str, Any], now: float | None = None, availability: dict[str, Any] | None = None
+) -> float | None:
+    """The server's wait hint, wherever it put it: the ``Retry-After`` header (seconds or an HTTP date),
+    ``metadata.retry_after_seconds``, ``error.availability.retry_after``, the upstream headers copied into
+    ``metadata.headers``, and last ``X-RateLimit-Reset`` (epoch ms) from the response or the metadata."""
+    t = time.time() if now is None else now
+    meta_headers = _lower_keys(meta.get("headers"))
+    avail = availability or {}
+    for value in (
+        headers.get("retry-after"),
+        meta.get("retry_after_seconds"),
+        avail.get("retry_after"),
+        avail.get("retry_after_seconds"),
+        meta_headers.get("retry-after"),
+    ):
+        got = _seconds(value, t)
+        if got is not None:
+            return got
+    for value in (headers.get("x-ratelimit-reset"), meta_headers.get("x-ratelimit-reset")):
+        if value not in (None, ""):
+            got = _reset_at(value, t)
+            if got is not None:
+                return got
     return None
 
 
@@ -114,6 +170,11 @@ class _ErrorFields:
     message: str
     meta: dict[str, Any]
     retryable: bool | None
+    availability: dict[str, Any] = field(default_factory=dict)
+
+
+# Messages that only say "the provider said no": the provider's own words are in ``metadata.raw``.
+_GENERIC = re.compile(r"^(provider returned error|upstream error from provider)\.?$", re.I)
 
 
 def _error_fields(body: dict[str, Any]) -> _ErrorFields:
@@ -133,15 +194,34 @@ def _error_fields(body: dict[str, Any]) -> _ErrorFields:
         if isinstance(holder.get("retryable"), bool):
             retryable = holder["retryable"]
             break
-    return _ErrorFields(code, str(err.get("message", ""))[:300], meta, retryable)
+    message = str(err.get("message", ""))
+    raw = meta.get("raw")
+    if raw and _GENERIC.match(message.strip()):
+        message = f"{message}: {raw}"  # "Provider returned error" alone names nothing
+    return _ErrorFields(code, message[:300], meta, retryable, availability or meta_availability)
 
 
-def _usage_cost(body: dict[str, Any]) -> float:
-    usage = body.get("usage") or {}
+def _usage_cost(body: dict[str, Any]) -> float | None:
+    """``usage.cost`` in USD; None when the answer does not say (0 is a cost: free, discounted, BYOK)."""
+    usage = body.get("usage")
+    if not isinstance(usage, dict) or usage.get("cost") is None:
+        return None
     try:
-        return float(usage.get("cost") or 0.0)
-    except (TypeError, ValueError, AttributeError):
-        return 0.0
+        return max(0.0, float(usage["cost"]))
+    except (TypeError, ValueError):
+        return None
+
+
+def _produced(body: dict[str, Any], choice: dict[str, Any]) -> bool:
+    """Whether an answer that ended in an error had produced output first (text, tool calls, tokens)."""
+    msg = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+    if any(msg.get(k) for k in ("content", "reasoning", "reasoning_content", "tool_calls")):
+        return True
+    usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+    try:
+        return int(usage.get("completion_tokens") or 0) > 0
+    except (TypeError, ValueError):
+        return True  # unreadable: assume it was billed
 
 
 _TRANSIENT_STATUS = {
@@ -157,8 +237,19 @@ _TRANSIENT_STATUS = {
 }
 
 # "Key limit exceeded (total limit)", "Budget limit exceeded (monthly limit). Contact your org admin.",
-# "Workspace budget exceeded", "spending limit reached": a cap on money, not on this prompt.
-_BUDGET = re.compile(r"\b(budget|key limit|spend(?:ing)? limit|credit limit)\b.*\b(exceeded|reached|exhausted)\b", re.I)
+# "Workspace budget exceeded", "spending limit reached", "daily spend cap of $50 reached": a cap on money,
+# not on this prompt. Only for bodies without ``limit_source`` (read first, see ``_money_limit``).
+_BUDGET = re.compile(
+    r"\b(budget|key limit|spend(?:ing)? (?:limit|cap)|credit limit)\b.*\b(exceeded|reached|exhausted)\b", re.I
+)
+# ``error.metadata.limit_source``: which cap on money refused the request.
+IN_FLIGHT_SOURCE = "openrouter_in_flight_budget"
+_BUDGET_SOURCES = frozenset({"openrouter_key_limit", "openrouter_workspace_budget", "openrouter_guardrail_budget"})
+_CREDITS_SOURCE = "openrouter_credits"
+# ``reason`` (in the metadata or the error): one request whose worst case exceeds the whole in-flight
+# budget will never pass it (lower max_tokens or add credits); an exhausted in-flight budget will.
+_NEVER_FITS = frozenset({"weight_exceeds_budget"})
+_IN_FLIGHT_REASONS = frozenset({"in_flight_budget_exhausted"})
 _UNKNOWN_MODEL = re.compile(
     r"not a valid model|model[^.]{0,80}\b(not found|does not exist|unknown)\b|no such model", re.I
 )
@@ -167,6 +258,31 @@ _PERMISSION = re.compile(
     r"permission|not allowed|not permitted|management key|forbidden|access denied|not authori[sz]ed", re.I
 )
 _CONTENT_BLOCK = re.compile(r"guardrail|blocked|injection|jailbreak|sensitive|pii\b", re.I)
+
+
+def _money_limit(status: int, e: _ErrorFields, retry_after: float | None) -> Outcome | None:
+    """A 402/403 read by ``limit_source`` and ``reason``, before any wording; None when neither says."""
+    source = str(e.meta.get("limit_source") or "").lower()
+    reason = str(e.meta.get("reason") or "").lower()
+    if not source and not reason:
+        return None
+    text = e.message
+    if reason in _NEVER_FITS:
+        return Outcome(
+            Action.STOP_CREDITS,
+            "credits_exhausted",
+            f"{text or reason} (one request's worst case exceeds the in-flight budget: lower max_tokens or add"
+            " credits)",
+        )
+    if source == IN_FLIGHT_SOURCE or reason in _IN_FLIGHT_REASONS:
+        return Outcome(Action.RETRY, "in_flight_budget", text, retry_after or 1.0)
+    if source in _BUDGET_SOURCES:
+        cls = "budget_exceeded" if status == 403 else "credits_exhausted"
+        return Outcome(Action.STOP_CREDITS, cls, text or f"{source} reached ({status})")
+    if source == _CREDITS_SOURCE or source.startswith("openrouter_"):
+        # The credits, or a cap on money not described yet: stop resumable rather than skip or retry.
+        return Outcome(Action.STOP_CREDITS, "credits_exhausted", text or f"{source} reached ({status})")
+    return None
 
 
 def _forbidden(e: _ErrorFields) -> Outcome:
@@ -183,23 +299,27 @@ def _forbidden(e: _ErrorFields) -> Outcome:
     return Outcome(Action.FATAL, "forbidden", text or "forbidden (403)")
 
 
-def classify_status(status: int, code_body: dict[str, Any] | None, headers: dict[str, str]) -> Outcome:
+def classify_status(
+    status: int, code_body: dict[str, Any] | None, headers: dict[str, str], now: float | None = None
+) -> Outcome:
     """Classify an error status (HTTP status, or the ``code`` inside a 200 error body)."""
     e = _error_fields(code_body or {})
-    out = _classify_status(status, e, headers)
+    out = _classify_status(status, e, headers, now)
     if e.retryable is True and out.action in (Action.SKIP, Action.FATAL, Action.STOP_CREDITS):
-        return Outcome(Action.RETRY, out.error_class, out.message, _retry_after(headers, e.meta))
+        return Outcome(Action.RETRY, out.error_class, out.message, _retry_after(headers, e.meta, now, e.availability))
     if e.retryable is False and out.action is Action.RETRY and out.error_class != "in_flight_budget":
         return Outcome(Action.FATAL, out.error_class, f"not retryable: {out.message or out.error_class}")
     return out
 
 
-def _classify_status(status: int, e: _ErrorFields, headers: dict[str, str]) -> Outcome:
+def _classify_status(status: int, e: _ErrorFields, headers: dict[str, str], now: float | None) -> Outcome:
     message = e.message
-    retry_after = _retry_after(headers, e.meta)
+    retry_after = _retry_after(headers, e.meta, now, e.availability)
+    if status in (402, 403):
+        limited = _money_limit(status, e, retry_after)
+        if limited is not None:
+            return limited
     if status == 402:
-        if e.meta.get("limit_source") == "openrouter_in_flight_budget":
-            return Outcome(Action.RETRY, "in_flight_budget", message, retry_after or 1.0)
         return Outcome(Action.STOP_CREDITS, "credits_exhausted", message or "insufficient credits (402)")
     if status == 401:
         return Outcome(Action.FATAL, "unauthorized", "the API key was rejected (401)")
@@ -237,18 +357,19 @@ def _parse(raw: RawResponse) -> Any:
         return None
 
 
-def classify(raw: RawResponse) -> Outcome:
+def classify(raw: RawResponse, now: float | None = None) -> Outcome:
+    """``now`` (epoch seconds) only matters to wait hints given as dates; tests pin it."""
     if raw.transport_error is not None:
         return Outcome(Action.RETRY, raw.transport_error, "")
     assert raw.status is not None
     body = _parse(raw)
     if raw.status != 200:
-        return classify_status(raw.status, body if isinstance(body, dict) else None, raw.headers)
+        return classify_status(raw.status, body if isinstance(body, dict) else None, raw.headers, now)
     if not isinstance(body, dict):
         return Outcome(Action.RETRY, "malformed", "unparseable or truncated JSON body")
     if "error" in body and not body.get("choices"):
         e = _error_fields(body)
-        inner = classify_status(e.code or 502, body, raw.headers)
+        inner = classify_status(e.code or 502, body, raw.headers, now)
         generic = inner.error_class in ("server_error", "no_provider", "timeout")
         return Outcome(
             inner.action,
@@ -264,7 +385,9 @@ def classify(raw: RawResponse) -> Outcome:
     if choice.get("finish_reason") == "error" or (isinstance(body.get("error"), dict) and not choice.get("message")):
         err = choice.get("error") if isinstance(choice.get("error"), dict) else body.get("error")
         message = str(err.get("message", ""))[:300] if isinstance(err, dict) else ""
-        return Outcome(Action.RETRY, "finish_error", message, cost_usd=_usage_cost(body))
+        return Outcome(
+            Action.RETRY, "finish_error", message, cost_usd=_usage_cost(body), partial_output=_produced(body, choice)
+        )
     if not isinstance(choice.get("message"), dict):
         return Outcome(Action.RETRY, "malformed", "choice without message")
     return Outcome(Action.SUCCESS, "ok", data=body, cost_usd=_usage_cost(body))

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from itertools import repeat
 from urllib.parse import urlparse
 
-_KEPT = ("content-type", "retry-after", "x-ratelimit-reset")
+_KEPT = ("content-type", "retry-after", "x-ratelimit-reset", "x-generation-id")
 _END = b"\r\n0\r\n\r\n"
 
 
