@@ -1,0 +1,103 @@
+"""Which engine benchmarks the draft, and how to reach it: the ``serving`` resource of ``draft_benchmark``.
+
+``backend: inprocess`` (the default) keeps the project's own speculative loop on the target resource's
+model: right for the tiny target and the demo, impossible for a 1T-parameter target. ``sglang`` and
+``vllm`` benchmark through the serving engine, either started here for each pass (``url`` empty: the
+target checkpoint with ``tp_size`` GPUs, the exported draft, a free port on ``host``) or attached to
+servers already running (``url`` with the draft, ``baseline_url`` without it). Set it in the launchpad,
+or for the sensor's runs with ``EAGLE_FORGE_SERVING`` (backend), ``EAGLE_FORGE_SERVING_URL`` and
+``EAGLE_FORGE_SERVING_BASELINE_URL``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+import dagster as dg
+from pydantic import Field
+
+from eagle_assets import settings
+from eagle_assets.benchmarks.serving_benchmark import EnginePlan
+from resources.serving.commands import LaunchSettings, SpeculativeSettings
+
+BACKENDS = ("inprocess", "sglang", "vllm")
+
+
+class ServingEngineResource(dg.ConfigurableResource):
+    """The serving engine the draft is benchmarked through (or the in-process loop)."""
+
+    backend: Literal["inprocess", "sglang", "vllm"] = Field("inprocess", description="inprocess | sglang | vllm")
+    url: str = Field("", description="attach to this running server (with the draft); empty: start one per pass")
+    baseline_url: str = Field("", description="attach: the same target served without speculation")
+    run_baseline: bool = Field(True, description="also run every set without the draft (throughput, speedup)")
+    model_path: str = Field("", description="target checkpoint the server loads; empty: the target resource's path")
+    tp_size: int = Field(8, ge=1, description="tensor-parallel GPUs of a started server")
+    host: str = Field("127.0.0.1", description="interface a started server listens on")
+    port: int = Field(0, ge=0, description="port of a started server; 0: a free one")
+    trust_remote_code: bool = True
+    extra_args: list[str] = Field(default_factory=list, description="appended to the engine's command line")
+    launcher: list[str] = Field(
+        default_factory=list,
+        description="command that starts the engine; empty: python -m sglang.launch_server / vllm serve",
+    )
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment of a started server")
+    startup_timeout_s: float = Field(3600.0, gt=0, description="loading a 1T target takes a while")
+    health_poll_s: float = Field(2.0, gt=0)
+    request_timeout_s: float = Field(3600.0, gt=0)
+    check_draft_path: bool = Field(True, description="attach: refuse a server whose draft path is not the export")
+
+    @property
+    def serves(self) -> bool:
+        return self.backend != "inprocess"
+
+    def plan(self, spec: SpeculativeSettings, draft_path: Path, model_path: Path | None, batch_size: int) -> EnginePlan:
+        if self.backend == "inprocess":
+            raise ValueError("the in-process backend has no serving plan")
+        launch = None
+        if not self.url:
+            model = self.model_path or (str(model_path) if model_path else "")
+            if not model:
+                raise ValueError("starting a server needs the target checkpoint: set model_path or the target's path")
+            launch = LaunchSettings(
+                model_path=model,
+                host=self.host,
+                port=self.port,
+                tp_size=self.tp_size,
+                batch_size=batch_size,
+                trust_remote_code=self.trust_remote_code,
+                extra_args=tuple(self.extra_args),
+                launcher=tuple(self.launcher),
+            )
+        elif self.run_baseline and not self.baseline_url:
+            raise ValueError(
+                "attached to a running server, the baseline pass needs baseline_url (the target without the "
+                "draft); or set run_baseline: false to report no speedup"
+            )
+        return EnginePlan(
+            engine=self.backend,
+            spec=spec,
+            draft_path=str(draft_path),
+            launch=launch,
+            url=self.url,
+            baseline_url=self.baseline_url,
+            run_baseline=self.run_baseline,
+            check_draft_path=self.check_draft_path,
+            startup_timeout_s=self.startup_timeout_s,
+            health_poll_s=self.health_poll_s,
+            request_timeout_s=self.request_timeout_s,
+            env=dict(self.env),
+            cwd=settings.REPO_ROOT,
+        )
+
+
+def serving_from_env() -> ServingEngineResource:
+    backend = os.environ.get("EAGLE_FORGE_SERVING", "").strip().lower() or "inprocess"
+    if backend not in BACKENDS:
+        raise ValueError(f"EAGLE_FORGE_SERVING must be one of {', '.join(BACKENDS)}, not {backend!r}")
+    return ServingEngineResource(
+        backend=backend,  # type: ignore[arg-type]
+        url=os.environ.get("EAGLE_FORGE_SERVING_URL", ""),
+        baseline_url=os.environ.get("EAGLE_FORGE_SERVING_BASELINE_URL", ""),
+    )

@@ -1,0 +1,78 @@
+"""Acceptance counts from one SGLang ``/generate`` answer's ``meta_info``.
+
+Field names follow SGLang's ``TokenizerManager._calculate_spec_decoding_metrics`` (sgl-project/sglang
+``python/sglang/srt/managers/tokenizer_manager.py`` at commit 001067ff, the v0.5 line), set on the
+finished answer of a server started with ``--speculative-algorithm``:
+
+- ``completion_tokens`` (always) and ``spec_verify_ct`` (verification forwards; omitted when a request
+  finished without any, e.g. one token from prefill alone);
+- ``spec_num_correct_drafts`` (accepted drafts, bonus excluded; older alias ``spec_accepted_drafts``)
+  and ``spec_num_proposed_drafts`` = ``spec_verify_ct × (num_draft_tokens − 1)``;
+- ``spec_correct_drafts_histogram`` (older alias ``spec_accept_histogram``): entry ``k`` counts the
+  verifications that accepted exactly ``k`` drafts.
+
+Releases before the histogram (v0.4) report only ``completion_tokens`` and ``spec_verify_ct``: τ is then
+still SpecForge's ``completion_tokens / spec_verify_ct``, and the per-position rates are absent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from eagle_assets.benchmarks.acceptance import AcceptanceError, AcceptanceTally, reached_from_histogram
+from resources.serving.errors import EngineResponseError, SpeculationMissing
+
+
+def _count(meta: Mapping[str, Any], key: str) -> int | None:
+    value = meta.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0 or int(value) != value:
+        raise EngineResponseError(f"meta_info.{key} is {value!r}, not a count")
+    return int(value)
+
+
+def completion_tokens(meta: Mapping[str, Any]) -> int:
+    n = _count(meta, "completion_tokens")
+    if n is None:
+        raise EngineResponseError(f"meta_info has no completion_tokens (keys: {sorted(meta)})")
+    return n
+
+
+def tally_from_meta_info(meta: Mapping[str, Any], num_steps: int, num_draft_tokens: int) -> AcceptanceTally:
+    """One request's counts. ``num_draft_tokens`` is the server's ``--speculative-num-draft-tokens``."""
+    output = completion_tokens(meta)
+    verify = _count(meta, "spec_verify_ct")
+    if verify is None:
+        if any(k.startswith("spec_") for k in meta):
+            raise EngineResponseError(f"meta_info has speculative fields but no spec_verify_ct: {sorted(meta)}")
+        verify = 0  # no verification in this request (or no speculation: the run's total shows it)
+    accepted = _count(meta, "spec_num_correct_drafts")
+    if accepted is None:
+        accepted = _count(meta, "spec_accepted_drafts")
+    proposed = _count(meta, "spec_num_proposed_drafts")
+    if proposed is None:
+        proposed = _count(meta, "spec_proposed_drafts")
+    if proposed is not None and proposed != verify * (num_draft_tokens - 1):
+        raise SpeculationMissing(
+            f"the server proposed {proposed} drafts in {verify} verifications: it does not run with "
+            f"--speculative-num-draft-tokens {num_draft_tokens}"
+        )
+    histogram = meta.get("spec_correct_drafts_histogram", meta.get("spec_accept_histogram"))
+    reached = None
+    if histogram is not None:
+        if not isinstance(histogram, list) or not all(isinstance(v, int) and v >= 0 for v in histogram):
+            raise EngineResponseError(f"meta_info.spec_correct_drafts_histogram is {histogram!r}, not a list of counts")
+        if sum(histogram) != verify:
+            raise EngineResponseError(f"histogram {histogram} counts {sum(histogram)} verifications, not {verify}")
+        reached = reached_from_histogram(histogram, num_steps)
+        if accepted is None:
+            accepted = sum(reached)
+    elif verify == 0:
+        reached = [0] * num_steps
+        accepted = 0 if accepted is None else accepted
+    try:
+        return AcceptanceTally(num_steps, "output_per_verification", verify, accepted, reached, output).check()
+    except AcceptanceError as exc:
+        raise EngineResponseError(f"impossible speculative counts in meta_info: {exc}") from None
