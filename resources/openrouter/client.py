@@ -5,9 +5,13 @@ ms of CPU per request on 2 cores), while aiohttp's connector costs about a milli
 (``benchmarks/bench_transport.py`` measures both). The client never raises for what the server
 answers: it returns a ``RawResponse`` and ``outcomes.classify`` decides what it means.
 
-No real OpenRouter response carries a generation-id header, so the client keeps what it takes to
-find the id: the bytes read so far when a body is cut off (real bodies begin with
-``{"id":"gen-…"``), and the first chunk of a stream. With ``"stream": true`` in the payload the
+The generation id comes first from the ``X-Generation-Id`` header of the response head, which
+OpenRouter sends before its whitespace padding and the body (recordings from October 2026 carry it
+on 200, 400, 402 and 429): it is kept even when the body never arrives (a timeout in the padding),
+and handed to ``on_generation_id`` as soon as the head is in, so that a caller can write it down
+before the answer (or a crash) comes. Older responses had no such header, so the client also keeps
+what it takes to find the id otherwise: the bytes read so far when a body is cut off (real bodies
+begin with ``{"id":"gen-…"``), and the first chunk of a stream. With ``"stream": true`` in the payload the
 answer goes through ``stream_transport`` (a lean HTTP/1.1 reader: aiohttp's per-chunk work would
 cost many times a plain request at OpenRouter's chunk density) and is reassembled by ``sse``; a
 stream with no data event for ``idle_timeout_s`` (silence, or only ``: OPENROUTER PROCESSING``
@@ -16,6 +20,7 @@ so that chunks are taken several at a time.
 """
 
 import time
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
@@ -94,25 +99,44 @@ class OpenRouterClient:
             raise RuntimeError("OpenRouterClient used outside 'async with'")
         return self._session
 
-    async def chat_completion(self, payload: dict[str, Any], *, idle_timeout_s: float | None = None) -> RawResponse:
-        """One attempt. ``payload["stream"]`` selects SSE; ``idle_timeout_s`` bounds the gap between data events."""
+    async def chat_completion(
+        self,
+        payload: dict[str, Any],
+        *,
+        idle_timeout_s: float | None = None,
+        on_generation_id: Callable[[str], None] | None = None,
+    ) -> RawResponse:
+        """One attempt. ``payload["stream"]`` selects SSE; ``idle_timeout_s`` bounds the gap between data
+        events; ``on_generation_id`` gets the ``X-Generation-Id`` of the response head when it arrives."""
         if payload.get("stream"):
-            return await self._stream(payload, idle_timeout_s or self._timeout.total or 600.0)
+            return await self._stream(payload, idle_timeout_s or self._timeout.total or 600.0, on_generation_id)
         start = time.monotonic()
         parts: list[bytes] = []
+        headers: dict[str, str] = {}
+        gen_id: str | None = None
         try:
             async with self.session.post(f"{self.base_url}/chat/completions", data=orjson.dumps(payload)) as resp:
+                # The head comes before any padding or body: keep what it says before reading on.
+                headers = {k: resp.headers[k] for k in _KEPT_HEADERS if k in resp.headers}
+                gen_id = headers.get("x-generation-id") or None
+                if gen_id and on_generation_id is not None:
+                    on_generation_id(gen_id)
                 content = resp.content
                 while chunk := await content.readany():
                     parts.append(chunk)
-                headers = {k: resp.headers[k] for k in _KEPT_HEADERS if k in resp.headers}
-                return RawResponse(resp.status, b"".join(parts), headers, None, time.monotonic() - start)
+                return RawResponse(
+                    resp.status, b"".join(parts), headers, None, time.monotonic() - start, generation_id=gen_id
+                )
         except TimeoutError:
-            return RawResponse(None, b"".join(parts) or None, {}, "timeout", time.monotonic() - start)
+            latency = time.monotonic() - start
+            return RawResponse(None, b"".join(parts) or None, headers, "timeout", latency, generation_id=gen_id)
         except _TRANSPORT_ERRORS:
-            return RawResponse(None, b"".join(parts) or None, {}, "connection", time.monotonic() - start)
+            latency = time.monotonic() - start
+            return RawResponse(None, b"".join(parts) or None, headers, "connection", latency, generation_id=gen_id)
 
-    async def _stream(self, payload: dict[str, Any], idle_timeout_s: float) -> RawResponse:
+    async def _stream(
+        self, payload: dict[str, Any], idle_timeout_s: float, on_generation_id: Callable[[str], None] | None
+    ) -> RawResponse:
         start = time.monotonic()
         if self._pool is None:
             self._pool = StreamPool(
@@ -127,18 +151,22 @@ class OpenRouterClient:
             total_timeout_s=self._timeout.total or 600.0,
             idle_timeout_s=idle_timeout_s,
             read_interval_s=self._read_interval_s,
+            on_generation_id=on_generation_id,
         )
         latency = time.monotonic() - start
         headers = {k: res.headers[k] for k in _KEPT_HEADERS if k in res.headers}
+        head_id = headers.get("x-generation-id") or None
         if res.error is not None:
-            gen_id = generation_id_from_prefix(res.body)
+            gen_id = head_id or generation_id_from_prefix(res.body)
             return RawResponse(None, res.body or None, headers, res.error, latency, generation_id=gen_id)
         if res.status != 200 or not res.headers.get("content-type", "").startswith("text/event-stream"):
-            return RawResponse(res.status, res.body, headers, None, latency)  # an error comes whole, as without stream
+            # An error comes whole, as without stream.
+            return RawResponse(res.status, res.body, headers, None, latency, generation_id=head_id)
         done = assemble_sse(res.body)
+        gen_id = head_id or done.generation_id
         if not done.complete or done.body is None:
-            return RawResponse(200, None, headers, "connection", latency, generation_id=done.generation_id)
-        return RawResponse(200, None, headers, None, latency, parsed=done.body, generation_id=done.generation_id)
+            return RawResponse(200, None, headers, "connection", latency, generation_id=gen_id)
+        return RawResponse(200, None, headers, None, latency, parsed=done.body, generation_id=gen_id)
 
     async def _get_json(self, what: str, path: str, params: dict[str, str] | None = None) -> dict[str, Any]:
         try:

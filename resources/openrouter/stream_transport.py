@@ -18,6 +18,7 @@ with the request's headers: the key is only in the bytes written to the socket.
 
 import asyncio
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import repeat
 from urllib.parse import urlparse
@@ -142,8 +143,16 @@ class _Conn(asyncio.Protocol):
                 self._resume_handle = self.loop.call_later(self.interval, self._resume)
 
     # -- one request -----------------------------------------------------------------------
-    def start(self, request: bytes, total_s: float, idle_s: float, interval_s: float) -> asyncio.Future[None]:
+    def start(
+        self,
+        request: bytes,
+        total_s: float,
+        idle_s: float,
+        interval_s: float,
+        on_generation_id: Callable[[str], None] | None = None,
+    ) -> asyncio.Future[None]:
         assert self.transport is not None
+        self.on_generation_id = on_generation_id
         self.parts: list[bytes] = []
         self.head = False
         self.status: int | None = None
@@ -186,6 +195,9 @@ class _Conn(asyncio.Protocol):
             elif key in _KEPT:
                 self.headers[key] = value
         self.head = True
+        gen_id = self.headers.get("x-generation-id")
+        if gen_id and self.on_generation_id is not None:
+            self.on_generation_id(gen_id)  # before the first chunk: the caller may write it down now
 
     def _resume(self) -> None:
         self._resume_handle = None
@@ -282,7 +294,14 @@ class StreamPool:
         return conn
 
     async def post(
-        self, path: str, body: bytes, *, total_timeout_s: float, idle_timeout_s: float, read_interval_s: float
+        self,
+        path: str,
+        body: bytes,
+        *,
+        total_timeout_s: float,
+        idle_timeout_s: float,
+        read_interval_s: float,
+        on_generation_id: Callable[[str], None] | None = None,
     ) -> StreamResult:
         conn = None
         while self._idle:
@@ -304,7 +323,7 @@ class StreamPool:
             + body
         )
         try:
-            await conn.start(request, total_timeout_s, idle_timeout_s, read_interval_s)
+            await conn.start(request, total_timeout_s, idle_timeout_s, read_interval_s, on_generation_id)
         except asyncio.CancelledError:
             if conn.transport is not None:
                 conn.transport.abort()

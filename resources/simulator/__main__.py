@@ -77,6 +77,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mean-completion-tokens", type=int, default=_DEFAULTS.mean_completion_tokens)
     p.add_argument("--tool-call-probability", type=float, default=_DEFAULTS.tool_call_probability)
     p.add_argument("--generation-404-ms", type=float, default=_DEFAULTS.generation_404_ms)
+    p.add_argument(
+        "--no-generation-id-header", action="store_true", help="answer without X-Generation-Id, as older responses"
+    )
+    p.add_argument(
+        "--plain-body-at-end",
+        action="store_true",
+        help="non-streaming answers come whole at the end (no early head, no whitespace padding)",
+    )
     p.add_argument("--cache-size", type=int, default=_DEFAULTS.cache_size)
     p.add_argument("--backlog", type=int, default=_DEFAULTS.backlog)
     p.add_argument("--stream-chunks", type=int, default=_DEFAULTS.stream_chunks)
@@ -180,6 +188,8 @@ def config_from_namespace(args: argparse.Namespace) -> SimulatorConfig:
         mean_completion_tokens=args.mean_completion_tokens,
         tool_call_probability=args.tool_call_probability,
         generation_404_ms=args.generation_404_ms,
+        generation_id_header=not args.no_generation_id_header,
+        plain_head_first=not args.plain_body_at_end,
         cache_size=args.cache_size,
         backlog=args.backlog,
         stream_chunks=args.stream_chunks,

@@ -2,8 +2,10 @@
 
 It exercises the generation engine against everything the real service does to a client (429
 storms, 200-with-error bodies, padded or truncated JSON, dropped connections, billing of abandoned
-requests, routing that ignores preferences) in the real shapes (``tests/fixtures/openrouter``): no
-generation-id header (the id is the body's first field and every stream chunk's), 404 when routing
+requests, routing that ignores preferences) in the real shapes (``tests/fixtures/openrouter``): the
+generation id in an ``X-Generation-Id`` header (``generation_id_header``; off as in older recordings)
+as well as the body's first field and every stream chunk's, a non-streaming head sent at once and
+padded with whitespace until the body (``plain_head_first``), 404 when routing
 leaves no endpoint, 403 once a workspace budget is spent, ``content: null`` beside tool calls,
 leading spaces in reasoning and content, and streams whose usage comes in a last chunk with
 ``choices: []``. The answer itself is ``chat_plain.py`` or ``chat_stream.py``.

@@ -64,7 +64,14 @@ class ChatCore:
         self._leading_space_rate = config.leading_space_rate if self._submit is None else 0.0
 
     def _answer(self, status: int, outcome: str, payload: Any, headers: dict[str, str] | None = None) -> web.Response:
+        """An error answer of the chat route: it names a generation id in its head too (recorded on 400, 402
+        and 429), though nothing was generated (/generation does not know it)."""
+        if self.config.generation_id_header:
+            headers = {**(headers or {}), "X-Generation-Id": self._new_id()}
         return answer(self.state, status, outcome, payload, headers)
+
+    def _id_header(self, gen_id: str) -> dict[str, str]:
+        return {"X-Generation-Id": gen_id} if self.config.generation_id_header else {}
 
     def _unauthorized(self) -> web.Response:
         return unauthorized(self.state)
@@ -229,6 +236,16 @@ class ChatCore:
     async def _sleep(self, seconds: float) -> None:
         if seconds > 0:
             await asyncio.sleep(seconds)
+
+    async def _sleep_with_padding(self, resp: web.StreamResponse, seconds: float) -> None:
+        """Wait, sending a newline now and then as OpenRouter pads a non-streaming body being generated."""
+        interval = self.config.processing_comment_interval_s
+        while seconds > 0:
+            step = min(interval, seconds)
+            await asyncio.sleep(step)
+            seconds -= step
+            if seconds > 0:
+                await resp.write(b"\n")
 
     async def _sleep_with_comments(self, resp: web.StreamResponse, seconds: float) -> None:
         interval = self.config.processing_comment_interval_s

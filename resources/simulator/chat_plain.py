@@ -1,7 +1,9 @@
 """The non-streaming answer of ``POST /chat/completions``: one JSON body after the latency, or a fault.
 
-A client that gives up on a non-streaming request is billed in full, as OpenRouter bills it: the
-upstream generation ran to the end regardless.
+As OpenRouter does, the head (200, ``X-Generation-Id``) goes out at once and newlines pad the body
+while the model runs (``plain_head_first``), so a client that times out in the padding still knows
+the generation. A client that gives up on a non-streaming request is billed in full, as OpenRouter
+bills it: the upstream generation ran to the end regardless.
 """
 
 import asyncio
@@ -14,6 +16,9 @@ from resources.simulator.chat_core import ChatCore
 from resources.simulator.config import ProviderEndpoint
 from resources.simulator.responses import ChatRequest, PreparedResponse
 from resources.simulator.wire import JSON, error_body
+
+# Faults whose status is decided before a provider ran: no early head for them.
+_WHOLE_ANSWERS = frozenset({"server_error", "timeout_408"})
 
 
 class PlainAnswer(ChatCore):
@@ -30,10 +35,17 @@ class PlainAnswer(ChatCore):
         gen_id = self._new_id()
         billable = self._billable(fault, prepared)
         delay = self._latency(fault)
+        # Errors decided before any provider ran come whole, with their own status; every other answer
+        # starts with its head (200 and the generation id) and pads with whitespace while "generating".
+        resp: web.StreamResponse | None = None
         try:
-            if delay > 0:
+            if self.config.plain_head_first and fault not in _WHOLE_ANSWERS:
+                resp = web.StreamResponse(headers={"Content-Type": JSON, **self._id_header(gen_id)})
+                await resp.prepare(request)
+                await self._sleep_with_padding(resp, delay)
+            elif delay > 0:
                 await asyncio.sleep(delay)
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, ConnectionError):
             # The client gave up: OpenRouter still bills a non-streaming request in full, because
             # the upstream generation ran to the end regardless.
             if billable and not state.stopping:
@@ -53,7 +65,7 @@ class PlainAnswer(ChatCore):
                 )
                 state.stats.by_outcome["abandoned"] += 1
             raise
-        headers = None  # OpenRouter sends no generation-id header: the id is the body's first field
+        headers = self._id_header(gen_id) or None
         if fault == "server_error":
             return self._server_error(provider)
         if fault == "timeout_408":
@@ -65,19 +77,33 @@ class PlainAnswer(ChatCore):
                 ),
             )
         if fault == "drop_connection":
+            if resp is not None:
+                # The head named the generation: /generation knows the attempt (unbilled: no answer).
+                state.record_generation(
+                    gen_id,
+                    req.content_hash,
+                    provider,
+                    prepared.prompt_tokens,
+                    0,
+                    0,
+                    prepared.finish_reason,
+                    billed=False,
+                    streamed=False,
+                    cancelled=True,
+                    started=started,
+                    generation_s=time.monotonic() - started,
+                )
             return await self._drop(request)
         if fault == "error_body":
             code: int | str = (502, "502", 503)[state.picker.randrange(3)]
-            return self._answer(
-                200,
-                fault,
-                error_body(
-                    code,
-                    "Upstream error from provider",
-                    {"provider_name": provider.name, "raw": "connection reset", "error_type": "provider_error"},
-                ),
-                headers,
+            payload = error_body(
+                code,
+                "Upstream error from provider",
+                {"provider_name": provider.name, "raw": "connection reset", "error_type": "provider_error"},
             )
+            if resp is None:
+                return self._answer(200, fault, payload, headers)
+            return await self._finish(resp, fault, orjson.dumps(payload))
         if fault == "finish_error":
             partial = prepared.content[: len(prepared.content) // 2]
             done_tokens = prepared.completion_tokens // 2
@@ -114,7 +140,9 @@ class PlainAnswer(ChatCore):
                 },
                 self._usage(prepared.prompt_tokens, done_tokens, prepared.reasoning_tokens, 0.0),
             )
-            return self._answer(200, fault, body, headers)
+            if resp is None:
+                return self._answer(200, fault, body, headers)
+            return await self._finish(resp, fault, orjson.dumps(body))
 
         cost = state.record_generation(
             gen_id,
@@ -142,7 +170,18 @@ class PlainAnswer(ChatCore):
             data = data[: len(data) // 2]
         elif fault == "whitespace_padding":
             data = (b"\n", b"\n\n", b"   \n", b"\n \n  ")[state.picker.randrange(4)] + data
+        if resp is not None:
+            return await self._finish(resp, outcome, data)
         st = state.stats
         st.by_outcome[outcome] += 1
         st.by_status["200"] += 1
         return web.Response(body=data, content_type=JSON, headers=headers)
+
+    async def _finish(self, resp: web.StreamResponse, outcome: str, data: bytes) -> web.StreamResponse:
+        """The body after an early head and its padding."""
+        st = self.state.stats
+        st.by_outcome[outcome] += 1
+        st.by_status["200"] += 1
+        await resp.write(data)
+        await resp.write_eof()
+        return resp

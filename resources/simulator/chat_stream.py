@@ -42,7 +42,9 @@ class StreamAnswer(ChatCore):
             )
         gen_id = self._new_id()
         created = int(time.time())
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        resp = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **self._id_header(gen_id)}
+        )
         await resp.prepare(request)
         deltas = prepared.stream_deltas(cfg.stream_chunks)
         billable = self._billable(fault, prepared)

@@ -178,6 +178,11 @@ class SimulatorConfig:
     mean_completion_tokens: int = 300
     tool_call_probability: float = 0.5
     generation_404_ms: float = 0.0  # /generation answers 404 for this long after completion
+    # Answers carry ``X-Generation-Id`` (as OpenRouter's do since 2026); False: none, as older recordings.
+    generation_id_header: bool = True
+    # A non-streaming answer sends its head (200 and the id header) at once and pads with whitespace while
+    # the model runs, as OpenRouter does; False: the whole answer at the end (no padding, no early id).
+    plain_head_first: bool = True
     cache_size: int = 16_384  # prepared responses kept (LRU)
     max_generations_kept: int = 200_000  # /generation records kept (oldest dropped)
     backlog: int = 8192

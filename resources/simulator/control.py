@@ -152,6 +152,10 @@ def config_to_args(config: SimulatorConfig) -> list[str]:
         args += ["--management-key", key]
     if config.unlimited_key:
         args.append("--unlimited-key")
+    if not config.generation_id_header:
+        args.append("--no-generation-id-header")
+    if not config.plain_head_first:
+        args.append("--plain-body-at-end")
     if config.workspace_budget_usd is not None:
         args += ["--workspace-budget", repr(config.workspace_budget_usd)]
     simple = [

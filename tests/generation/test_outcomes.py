@@ -281,8 +281,16 @@ async def _replay(request: web.Request) -> web.StreamResponse:
     aborting the connection, a stall by going quiet (or sending comments only)."""
     payload = orjson.loads(await request.read())
     name = payload["fixture"]
+    if name == "padding_forever":
+        # OpenRouter's non-streaming way: the head (with the id) at once, then whitespace while the model runs.
+        resp = web.StreamResponse(headers={"Content-Type": "application/json", "X-Generation-Id": PADDED_ID})
+        await resp.prepare(request)
+        for _ in range(200):
+            await resp.write(b"\n")
+            await asyncio.sleep(0.02)
+        return resp
     if name.startswith("stall"):
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "X-Generation-Id": STALL_HEAD_ID})
         await resp.prepare(request)
         first = (FIXTURES / "stream/ok_reasoning_content.sse").read_bytes().split(b"\n\n")
         await resp.write(b"\n\n".join(first[:3]) + b"\n\n")  # two comments and the first data chunk
@@ -307,6 +315,10 @@ async def _replay(request: web.Request) -> web.StreamResponse:
         return resp
     await resp.write_eof()
     return resp
+
+
+PADDED_ID = "gen-1792000600-Hp5aD7dG9jK1lZ3xC5vB"
+STALL_HEAD_ID = "gen-1792000700-Sh2dF4gH6jK8lQ0wE2rT"
 
 
 async def _account(request: web.Request) -> web.Response:
@@ -353,11 +365,30 @@ async def test_corpus_through_the_client_over_http(replay_url):
 
 @pytest.mark.parametrize("kind", ["stall_silent", "stall_comments"])
 async def test_a_stalled_stream_is_abandoned_with_its_generation_id(replay_url, kind):
+    seen: list[str] = []
     async with OpenRouterClient(replay_url, ApiKey("sk-test"), request_timeout_s=30) as client:
-        got = await client.chat_completion({"fixture": kind, "stream": True}, idle_timeout_s=0.5)
+        got = await client.chat_completion(
+            {"fixture": kind, "stream": True}, idle_timeout_s=0.5, on_generation_id=seen.append
+        )
     assert got.transport_error == "stalled" and got.latency_s < 3.0
-    assert got.generation_id == "gen-1773323600-Ws4eRt6yUi8oPa0sDf2g"  # from the first chunk
+    # The head's X-Generation-Id is preferred to the first chunk's id, and was handed over on arrival.
+    assert got.generation_id == STALL_HEAD_ID and seen == [STALL_HEAD_ID]
     assert classify(got).action is Action.RETRY
+
+
+async def test_a_timeout_in_the_whitespace_padding_keeps_the_generation_id_from_the_head(replay_url):
+    seen: list[tuple[str, float]] = []
+    async with OpenRouterClient(replay_url, ApiKey("sk-test"), request_timeout_s=1.0) as client:
+        start = asyncio.get_running_loop().time()
+        got = await client.chat_completion(
+            {"fixture": "padding_forever"},
+            on_generation_id=lambda g: seen.append((g, asyncio.get_running_loop().time() - start)),
+        )
+    assert got.transport_error == "timeout" and got.status is None
+    assert got.generation_id == PADDED_ID and generation_id_of(got) == PADDED_ID
+    assert got.body and not got.body.strip()  # only padding came
+    # Handed over when the head arrived, long before the timeout ended the attempt.
+    assert [g for g, _ in seen] == [PADDED_ID] and seen[0][1] < got.latency_s
 
 
 async def test_account_bodies_through_the_client(replay_url):

@@ -109,20 +109,38 @@ async def test_unlimited_key_has_null_limits_and_credits_answer_management_keys_
     assert mgmt_cap.source == "account_credits" and mgmt_cap.remaining_usd == pytest.approx(7.0) and mgmt_allowed
 
 
-async def test_no_generation_id_header_and_the_id_opens_body_and_stream():
-    with simulator(processing_comment_interval_s=0.001, latency=LatencyConfig.fixed(0.01)) as sim:
-        async with aiohttp.ClientSession(headers={"Authorization": "Bearer sk-or-test"}) as s:
-            async with s.post(f"{sim.base_url}/chat/completions", json=body("plain")) as r:
-                plain_headers, plain = r.headers, await r.read()
-            async with s.post(f"{sim.base_url}/chat/completions", json=body("stream", stream=True)) as r:
-                stream_headers, stream = r.headers, await r.read()
-    assert not [h for h in (*plain_headers, *stream_headers) if "generation" in h.lower()]
-    assert plain.startswith(b'{"id":"gen-')
+async def _raw_answers(url: str) -> list[tuple[Any, bytes]]:
+    async with aiohttp.ClientSession(headers={"Authorization": "Bearer sk-or-test"}) as s:
+        out = []
+        for payload in (body("plain"), body("stream", stream=True)):
+            async with s.post(f"{url}/chat/completions", json=payload) as r:
+                out.append((r.headers, await r.read()))
+        return out
+
+
+async def test_generation_id_header_and_the_id_opens_body_and_stream():
+    with simulator(processing_comment_interval_s=0.004, latency=LatencyConfig.fixed(0.03)) as sim:
+        (plain_headers, plain), (stream_headers, stream) = await _raw_answers(sim.base_url)
+        sim.set_faults(FaultConfig(rate_limit=1.0))
+        limited = await ask(sim.base_url, body("slow down"))
+        refused = await ask(sim.base_url, {**body("x"), "model": "moonshotai/kimi-k2.5-0000"})
+    # The head names the generation (as recorded since October 2026), and the body agrees.
+    assert plain.startswith(b"\n") and plain.lstrip().startswith(b'{"id":"gen-')  # padded while generating
+    assert plain_headers["X-Generation-Id"] == orjson.loads(plain)["id"]
     first_data = next(line for line in stream.split(b"\n") if line.startswith(b"data:"))
     assert first_data.startswith(b'data: {"id":"gen-') and stream.startswith(b": OPENROUTER PROCESSING")
+    assert stream_headers["X-Generation-Id"] == orjson.loads(first_data[6:])["id"]
     usage_chunk = orjson.loads(stream.split(b"data: ")[-2])
-    assert usage_chunk["choices"] == [] and usage_chunk["usage"]["completion_tokens"] > 0
+    assert usage_chunk["usage"]["completion_tokens"] > 0
     assert stream.endswith(b"data: [DONE]\n\n")
+    # Errors name one too (recorded on 400, 402 and 429), though nothing was generated.
+    assert limited.generation_id and limited.generation_id.startswith("gen-") and limited.status == 429
+    assert refused.generation_id and refused.status == 400
+    # As older recordings: no header, and the whole plain answer at the end, unpadded.
+    with simulator(generation_id_header=False, plain_head_first=False, latency=LatencyConfig.fixed(0.03)) as sim:
+        (plain_headers, plain), (stream_headers, stream) = await _raw_answers(sim.base_url)
+    assert not [h for h in (*plain_headers, *stream_headers) if "generation" in h.lower()]
+    assert plain.startswith(b'{"id":"gen-') and b"data: " in stream
 
 
 async def test_leading_spaces_and_null_content_beside_tool_calls():
