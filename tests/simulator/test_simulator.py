@@ -7,7 +7,6 @@ here against a live server rather than against handler functions.
 
 import asyncio
 import json
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -746,13 +745,13 @@ def test_config_round_trips_through_cli_flags(tmp_path: Path):
 
 
 async def test_many_concurrent_requests_are_held_at_once():
-    with simulator(latency=LatencyConfig.fixed(0.3)) as sim:
+    # Each answer is held 2 s, so the 400 requests overlap at the server even when this loaded machine takes
+    # seconds to send them (at 0.3 s the first answers left before the last requests arrived); no wall-clock
+    # bound: the peak is what shows they were held at once, not one after another.
+    with simulator(latency=LatencyConfig.fixed(2.0)) as sim:
         conn = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=conn) as s:
-            t0 = time.monotonic()
             results = await asyncio.gather(*(post(s, sim.base_url, payload(f"c{i % 50}")) for i in range(400)))
-            wall = time.monotonic() - t0
     assert all(r[0] == 200 for r in results)
     stats = sim.stats(generations_limit=0)
     assert stats["peak_in_flight"] >= 200 and stats["in_flight"] == 0 and stats["generations"] == []
-    assert wall < 5.0
