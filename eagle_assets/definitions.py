@@ -16,6 +16,7 @@ from eagle_assets.assets.tokens import build_tokenized_asset
 from eagle_assets.datasets.config import load_datasets
 from resources.duckdb.resource import DuckDBResource
 from resources.openrouter.configured import openrouter_from_env
+from resources.serving.resource import serving_from_env
 from resources.target.resource import TargetModelResource
 from sensors.credits_sensor import build_credits_sensor
 from sensors.training_sensor import build_training_sensor
@@ -29,6 +30,7 @@ CORPUS = build_corpus_asset(list(DATASETS.values()))
 
 
 TARGET = TargetModelResource()
+SERVING = serving_from_env()
 
 
 def default_resources() -> dict[str, object]:
@@ -36,6 +38,7 @@ def default_resources() -> dict[str, object]:
         "openrouter": openrouter_from_env(),
         "duckdb": DuckDBResource(),
         "target": TARGET,
+        "serving": SERVING,
         "pipes_subprocess_client": dg.PipesSubprocessClient(),
     }
 
@@ -45,6 +48,10 @@ defs = dg.Definitions(
     resources=default_resources(),
     sensors=[
         build_credits_sensor(GENERATED),
-        build_training_sensor(run_config=training_run_config(tiny_target=not TARGET.path)),
+        build_training_sensor(
+            run_config=training_run_config(tiny_target=not TARGET.path),
+            # the real target is benchmarked only through a serving engine (it does not fit one process)
+            with_benchmark=not TARGET.path or SERVING.serves,
+        ),
     ],
 )

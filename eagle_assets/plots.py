@@ -61,3 +61,28 @@ def grouped_bars_md(groups: Mapping[str, Sequence[float]], labels: Sequence[str]
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=7)
     return _markdown_png(fig, title)
+
+
+def tau_comparison_md(
+    ours: Mapping[str, float | None],
+    references: Mapping[str, Mapping[str, float]],
+    labels: Mapping[str, str],
+    title: str,
+) -> str:
+    """τ per benchmark: this draft in solid bars, published figures hatched and labelled as reference."""
+    names = list(labels)
+    groups: list[tuple[str, Mapping[str, float | None], bool]] = [("this draft", ours, False)]
+    groups += [(f"{n} (reference)", v, True) for n, v in references.items()]
+    fig, ax = plt.subplots(figsize=(6, 2.8))
+    width = 0.8 / max(len(groups), 1)
+    for g, (name, values, ref) in enumerate(groups):
+        xs = [i + g * width for i, n in enumerate(names) if values.get(n) is not None]
+        ys = [values[n] for n in names if values.get(n) is not None]
+        if xs:
+            ax.bar(xs, ys, width=width, label=name, hatch="//" if ref else None, alpha=0.55 if ref else 1.0)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(names))], [labels[n] for n in names])
+    ax.set_title(title)
+    ax.set_ylabel("τ (tokens per verification)")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=6)
+    return _markdown_png(fig, title)

@@ -12,8 +12,12 @@ from sensors.training import decide_training
 
 
 def build_training_sensor(
-    minimum_interval_seconds: int = 30, run_config: Mapping[str, Any] | None = None
+    minimum_interval_seconds: int = 30, run_config: Mapping[str, Any] | None = None, with_benchmark: bool = True
 ) -> dg.SensorDefinition:
+    """``with_benchmark``: the run ends with ``draft_benchmark`` (in process for the tiny target, else only
+    when a serving backend is configured)."""
+    selection = [DRAFT_KEY, BENCHMARK_KEY] if with_benchmark else [DRAFT_KEY]
+
     @dg.sensor(
         name="draft_training",
         minimum_interval_seconds=minimum_interval_seconds,
@@ -37,6 +41,7 @@ def build_training_sensor(
                 dg.RunRequest(
                     run_key=decision.run_key,
                     run_config=dict(run_config or {}),
+                    asset_selection=selection,
                     tags={"eagle-forge/trigger": "hidden_states"},
                 )
             ]

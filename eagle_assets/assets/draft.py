@@ -18,8 +18,10 @@ import dagster as dg
 from pydantic import Field
 
 from eagle_assets import settings
+from eagle_assets.assets.draft_benchmark import BenchmarkConfig
 from eagle_assets.assets.hidden_states import GPU_POOL, GPU_TAGS, HIDDEN_STATES_KEY, hidden_states_root
 from eagle_assets.corpus.tokenized_schema import EOT_ID
+from resources.serving.resource import ServingEngineResource
 from resources.target.resource import TargetModelResource
 
 DRAFT_GROUP = "draft"
@@ -60,7 +62,12 @@ TINY_TARGET_TRAIN_CONFIG: dict[str, object] = {
     "checkpoint_every": 50,
     "log_every": 10,
 }
-TINY_TARGET_BENCHMARK_CONFIG: dict[str, object] = {"num_prompts": 16, "max_new_tokens": 48, "num_draft_tokens": 4}
+TINY_TARGET_BENCHMARK_CONFIG: dict[str, object] = {
+    "num_prompts": 16,
+    "max_new_tokens": 48,
+    "num_steps": 4,
+    "num_draft_tokens": 5,
+}
 
 
 def training_run_config(tiny_target: bool) -> dict[str, object]:
@@ -211,25 +218,6 @@ def draft_model(
     )
 
 
-class BenchmarkConfig(dg.Config):
-    num_prompts: int = Field(16, ge=1, description="held-out prompts (the corpus's eval split)")
-    max_new_tokens: int = Field(48, ge=1)
-    num_draft_tokens: int = Field(4, ge=1, description="K: tokens the draft proposes per verification")
-
-
-def held_out_prompts(n: int) -> list[list[int]]:
-    """Prompt ids (chat template + generation prompt) of the eval split: never trained on."""
-    import polars as pl
-
-    from eagle_assets.assets.corpus import corpus_dir
-
-    files = sorted((corpus_dir() / "eval").glob("shard-*.parquet"))
-    if not files:
-        raise dg.Failure(description="the corpus has no eval split: re-materialize it with eval_fraction > 0")
-    frame = pl.concat([pl.read_parquet(f, columns=["input_ids", "prompt_len"]) for f in files]).head(n)
-    return [ids[:k] for ids, k in zip(frame["input_ids"].to_list(), frame["prompt_len"].to_list(), strict=True)]
-
-
 @dg.asset(
     key=BENCHMARK_KEY,
     deps=[DRAFT_KEY],
@@ -238,62 +226,22 @@ def held_out_prompts(n: int) -> list[list[int]]:
     tags=DRAFT_TAGS,
     op_tags=DRAFT_TAGS,
     kinds={"pytorch"},
-    description="Acceptance length of the exported draft on held-out prompts: a greedy speculative-decoding loop "
-    "(draft proposes K tokens, target verifies), per-position acceptance, against an untrained draft.",
+    description="Acceptance length of the exported draft. In process (the default; the tiny target): a greedy "
+    "speculative-decoding loop on held-out prompts against an untrained draft. Through SGLang or vLLM (the serving "
+    "resource): MT-Bench, GSM8K, HumanEval and held-out prompts as the anchors report them (τ, per-position "
+    "acceptance, tokens/s with and without the draft, speedup), beside the published figures.",
 )
 def draft_benchmark(
-    context: dg.AssetExecutionContext, config: BenchmarkConfig, target: TargetModelResource
+    context: dg.AssetExecutionContext,
+    config: BenchmarkConfig,
+    target: TargetModelResource,
+    serving: ServingEngineResource,
 ) -> dg.MaterializeResult:
-    import torch
-
-    from eagle_assets.draft.export import load_draft
-    from eagle_assets.draft.model import Eagle3Draft
-    from eagle_assets.draft.speculative import evaluate_acceptance
-    from eagle_assets.plots import grouped_bars_md
-    from eagle_assets.target.tiny import load_target
+    from eagle_assets.assets.draft_benchmark import run_inprocess, run_serving
 
     export = latest_export_dir() / "export"
     if not (export / "config.json").is_file():
         raise dg.Failure(description=f"no exported draft at {export}: materialize draft_model first")
-    device = target.torch_device()
-    model = load_target(target.model_dir(), device=device)
-    embed = model.get_input_embeddings().weight.detach().float()
-    trained = load_draft(export, embed_weight=embed, device=device)
-    torch.manual_seed(0)
-    untrained = Eagle3Draft(trained.config, embed.cpu()).to(device)
-    untrained.set_vocab(trained.vocab)
-    prompts = held_out_prompts(config.num_prompts)
-    stats = {}
-    for name, draft in (("trained", trained), ("untrained", untrained)):
-        stats[name] = evaluate_acceptance(
-            model, draft, prompts, config.max_new_tokens, num_draft_tokens=config.num_draft_tokens
-        )
-        context.log.info(
-            f"{name}: acceptance length τ {stats[name].tau:.3f}, per position "
-            f"{[round(r, 3) for r in stats[name].position_accept_rate]}"
-        )
-    labels = [f"pos {i + 1}" for i in range(config.num_draft_tokens)]
-    table = "| draft | τ (tokens per verification) | " + " | ".join(labels) + " |\n|---|---|" + "---|" * len(labels)
-    for name, s in stats.items():
-        table += f"\n| {name} | {s.tau:.3f} | " + " | ".join(f"{r:.3f}" for r in s.position_accept_rate) + " |"
-    return dg.MaterializeResult(
-        metadata={
-            "acceptance_length": dg.MetadataValue.float(round(stats["trained"].tau, 4)),
-            "acceptance_length_untrained": dg.MetadataValue.float(round(stats["untrained"].tau, 4)),
-            "per_position_accept_rate": dg.MetadataValue.json(
-                [round(r, 4) for r in stats["trained"].position_accept_rate]
-            ),
-            "acceptance": dg.MetadataValue.md(table),
-            "acceptance_plot": dg.MetadataValue.md(
-                grouped_bars_md(
-                    {n: s.position_accept_rate for n, s in stats.items()},
-                    labels,
-                    "acceptance rate per draft position",
-                    "accepted",
-                )
-            ),
-            "prompts": dg.MetadataValue.int(len(prompts)),
-            "new_tokens": dg.MetadataValue.int(stats["trained"].new_tokens),
-            "num_draft_tokens": dg.MetadataValue.int(config.num_draft_tokens),
-        }
-    )
+    if serving.serves:
+        return run_serving(context, config, target, serving, export)
+    return run_inprocess(context, config, target, export)

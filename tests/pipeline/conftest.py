@@ -2,6 +2,7 @@ import dagster as dg
 import pytest
 
 from resources.duckdb.resource import DuckDBResource
+from resources.serving.resource import ServingEngineResource
 from resources.target.resource import TargetModelResource
 from tests.generation.test_dagster_generation import resource_for
 
@@ -18,5 +19,6 @@ def pipeline_resources(base_url: str, max_tokens: int) -> dict[str, object]:
         "openrouter": resource_for(base_url, max_tokens=max_tokens),
         "duckdb": DuckDBResource(),
         "target": TargetModelResource(),
+        "serving": ServingEngineResource(),
         "pipes_subprocess_client": dg.PipesSubprocessClient(),
     }

@@ -7,6 +7,8 @@ import dagster as dg
 
 from eagle_assets.assets.corpus import build_corpus_asset
 from eagle_assets.assets.draft import (
+    BENCHMARK_KEY,
+    DRAFT_KEY,
     TINY_TARGET_TRAIN_CONFIG,
     draft_benchmark,
     draft_model,
@@ -52,6 +54,10 @@ def test_sensor_trains_and_benchmarks_the_draft(tmp_path, forge_home):
         first = sensor(ctx)
         assert isinstance(first, dg.SensorResult) and len(first.run_requests) == 1
         assert first.run_requests[0].run_config["ops"]["draft_model"]["config"] == TINY_TARGET_TRAIN_CONFIG
+        assert first.run_requests[0].asset_selection == [DRAFT_KEY, BENCHMARK_KEY]
+        # a real target with no serving backend: the run trains only (it cannot be benchmarked in process)
+        trains_only = build_training_sensor(with_benchmark=False)(ctx)
+        assert trains_only.run_requests[0].asset_selection == [DRAFT_KEY]
 
         # … then training runs as a Pipes subprocess and reports its curves and export.
         r = dg.materialize(
@@ -91,7 +97,7 @@ def test_sensor_trains_and_benchmarks_the_draft(tmp_path, forge_home):
             run_config={"ops": {"draft_benchmark": {"config": {"num_prompts": 3, "max_new_tokens": 8}}}},
         )
         bmd = r.asset_materializations_for_node("draft_benchmark")[0].metadata
-        assert bmd["prompts"].value == 3 and len(bmd["per_position_accept_rate"].value) == 4
+        assert bmd["prompts"].value == 3 and len(bmd["per_position_accept_rate"].value) == 3  # num_steps
         assert bmd["acceptance_length"].value >= 1.0 and bmd["acceptance_length_untrained"].value >= 1.0
         assert "data:image/png;base64," in bmd["acceptance_plot"].value
 

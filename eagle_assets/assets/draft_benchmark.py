@@ -1,0 +1,298 @@
+"""What ``draft_benchmark`` runs: the in-process loop on the tiny target, or a serving engine on the real one.
+
+The asset itself (in ``eagle_assets/assets/draft.py``) only picks the backend from the ``serving``
+resource. In process, the draft and an untrained copy run the project's greedy speculative loop
+against the target resource's model on held-out corpus prompts. Through SGLang or vLLM, the exported
+draft is served with the benchmark's steps/topk/draft tokens and measured on MT-Bench, GSM8K, HumanEval
+and the held-out prompts, with a baseline pass for throughput; the figures are those the anchors
+publish, shown beside them. A failed serving run fails the step and still shows what it measured.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+from pydantic import Field
+
+from eagle_assets import settings
+from eagle_assets.benchmarks.acceptance import AcceptanceTally
+from eagle_assets.benchmarks.prompt_sets import PROMPT_SETS, PromptSetError
+from eagle_assets.benchmarks.reference import REFERENCES, comparable
+from eagle_assets.benchmarks.results import SetResult, reference_table, results_table
+from resources.serving.commands import SettingsError, SpeculativeSettings
+from resources.serving.resource import ServingEngineResource
+from resources.target.resource import TargetModelResource
+
+SERVING_SETS = ("mtbench", "gsm8k", "humaneval", "heldout")
+INPROCESS_MAX_NEW_TOKENS = 48
+
+
+class BenchmarkConfig(dg.Config):
+    sets: list[str] = Field(
+        default_factory=list,
+        description="mtbench, gsm8k, humaneval, heldout; empty: heldout in process, all four through an engine",
+    )
+    num_prompts: int = Field(16, ge=1, description="held-out prompts (the corpus's eval split)")
+    mtbench_prompts: int = Field(80, ge=1, description="MT-Bench questions (both turns each)")
+    gsm8k_prompts: int = Field(200, ge=1, description="GSM8K test questions, the first N")
+    humaneval_prompts: int = Field(164, ge=1)
+    max_new_tokens: int = Field(0, ge=0, description="per turn; 0: each set's default (in process: 48)")
+    num_steps: int = Field(3, ge=1, description="draft steps (K tokens proposed per verification)")
+    eagle_topk: int = Field(1, ge=1, description="branches per step (SGLang trees; 1 elsewhere)")
+    num_draft_tokens: int = Field(4, ge=2, description="tokens verified per step, root included (steps + 1 for topk 1)")
+    batch_size: int = Field(1, ge=1, description="requests in flight (the server's batch)")
+    temperature: float = Field(0.0, ge=0.0)
+    thinking: bool = Field(True, description="the target's thinking setting as served (K2.5: on)")
+
+    def speculative(self) -> SpeculativeSettings:
+        return SpeculativeSettings(self.num_steps, self.eagle_topk, self.num_draft_tokens)
+
+    def limit(self, name: str) -> int:
+        return {
+            "mtbench": self.mtbench_prompts,
+            "gsm8k": self.gsm8k_prompts,
+            "humaneval": self.humaneval_prompts,
+            "heldout": self.num_prompts,
+        }[name]
+
+
+def held_out_prompts(n: int) -> list[list[int]]:
+    """Prompt ids (chat template + generation prompt) of the eval split: never trained on."""
+    import polars as pl
+
+    from eagle_assets.assets.corpus import corpus_dir
+
+    files = sorted((corpus_dir() / "eval").glob("shard-*.parquet"))
+    if not files:
+        raise dg.Failure(description="the corpus has no eval split: re-materialize it with eval_fraction > 0")
+    frame = pl.concat([pl.read_parquet(f, columns=["input_ids", "prompt_len"]) for f in files]).head(n)
+    return [ids[:k] for ids, k in zip(frame["input_ids"].to_list(), frame["prompt_len"].to_list(), strict=True)]
+
+
+def _fail(message: str, **metadata: Any) -> dg.Failure:
+    return dg.Failure(description=message, metadata=metadata, allow_retries=False)
+
+
+def _rate_table(rows: dict[str, AcceptanceTally], num_steps: int) -> str:
+    labels = [f"pos {i + 1}" for i in range(num_steps)]
+    table = "| draft | τ (tokens per verification) | " + " | ".join(labels) + " |\n|---|---|" + "---|" * len(labels)
+    for name, t in rows.items():
+        rates = t.position_rates or [0.0] * num_steps
+        table += f"\n| {name} | {t.tau or 0:.3f} | " + " | ".join(f"{r:.3f}" for r in rates) + " |"
+    return table
+
+
+def run_inprocess(
+    context: dg.AssetExecutionContext, config: BenchmarkConfig, target: TargetModelResource, export: Path
+) -> dg.MaterializeResult:
+    import torch
+
+    from eagle_assets.benchmarks.acceptance import tally_from_rounds
+    from eagle_assets.draft.export import load_draft
+    from eagle_assets.draft.model import Eagle3Draft
+    from eagle_assets.draft.speculative import evaluate_acceptance
+    from eagle_assets.plots import grouped_bars_md
+    from eagle_assets.target.tiny import load_target
+
+    spec = config.speculative()
+    try:
+        spec.validate("inprocess")
+    except SettingsError as exc:
+        raise _fail(f"in-process benchmark: {exc}") from exc
+    if config.batch_size != 1 or config.temperature != 0.0:
+        raise _fail("the in-process loop decodes one greedy sequence at a time: batch_size 1, temperature 0")
+    if set(config.sets) - {"heldout"}:
+        raise _fail(
+            f"the in-process backend runs the held-out prompts only, not {sorted(set(config.sets) - {'heldout'})}: "
+            "MT-Bench, GSM8K and HumanEval run through a serving backend (the serving resource)"
+        )
+    k = spec.num_steps
+    max_new = config.max_new_tokens or INPROCESS_MAX_NEW_TOKENS
+    device = target.torch_device()
+    model = load_target(target.model_dir(), device=device)
+    embed = model.get_input_embeddings().weight.detach().float()
+    trained = load_draft(export, embed_weight=embed, device=device)
+    torch.manual_seed(0)
+    untrained = Eagle3Draft(trained.config, embed.cpu()).to(device)
+    untrained.set_vocab(trained.vocab)
+    prompts = held_out_prompts(config.num_prompts)
+    tallies: dict[str, AcceptanceTally] = {}
+    new_tokens = 0
+    for name, draft in (("trained", trained), ("untrained", untrained)):
+        stats = evaluate_acceptance(model, draft, prompts, max_new, num_draft_tokens=k)
+        tallies[name] = tally_from_rounds(stats.accepted, k, stats.new_tokens)
+        new_tokens = new_tokens or stats.new_tokens
+        rates = [round(r, 3) for r in tallies[name].position_rates or []]
+        context.log.info(f"{name}: acceptance length τ {tallies[name].tau:.3f}, per position {rates}")
+    labels = [f"pos {i + 1}" for i in range(k)]
+    return dg.MaterializeResult(
+        metadata={
+            "backend": dg.MetadataValue.text("inprocess"),
+            "acceptance_length": dg.MetadataValue.float(round(tallies["trained"].tau or 0.0, 4)),
+            "acceptance_length_untrained": dg.MetadataValue.float(round(tallies["untrained"].tau or 0.0, 4)),
+            "per_position_accept_rate": dg.MetadataValue.json(
+                [round(r, 4) for r in tallies["trained"].position_rates or []]
+            ),
+            "acceptance": dg.MetadataValue.md(_rate_table(tallies, k)),
+            "acceptance_plot": dg.MetadataValue.md(
+                grouped_bars_md(
+                    {n: t.position_rates or [] for n, t in tallies.items()},
+                    labels,
+                    "share of verifications accepting each draft position",
+                    "accepted",
+                )
+            ),
+            "prompts": dg.MetadataValue.int(len(prompts)),
+            "new_tokens": dg.MetadataValue.int(new_tokens),
+            "settings": dg.MetadataValue.json(
+                {
+                    "backend": "inprocess",
+                    "num_steps": k,
+                    "eagle_topk": 1,
+                    "num_draft_tokens": k + 1,
+                    "batch_size": 1,
+                    "temperature": 0.0,
+                    "max_new_tokens": max_new,
+                    "sets": ["heldout"],
+                }
+            ),
+        }
+    )
+
+
+def load_prompt_sets(config: BenchmarkConfig, names: list[str], log: Any) -> tuple[list[Any], dict[str, str]]:
+    """Every requested set as conversations, with the source each came from (Hub sets: repo@commit)."""
+    from eagle_assets.benchmarks.hub_sets import load_hub_set
+    from eagle_assets.benchmarks.prompt_sets import conversations_from_rows, heldout_conversations
+    from eagle_assets.benchmarks.serving_benchmark import SetPlan
+
+    plans, sources = [], {}
+    for name in names:
+        spec = PROMPT_SETS[name]
+        max_new = config.max_new_tokens or spec.default_max_new_tokens
+        if spec.hub is None:
+            convs = heldout_conversations(held_out_prompts(config.limit(name)))
+            sources[name] = "corpus eval split"
+        else:
+            rows, source = load_hub_set(spec.hub)
+            convs = conversations_from_rows(name, rows, config.limit(name))
+            sources[name] = source
+        log(f"{spec.label}: {len(convs)} conversations, {sum(c.turns for c in convs)} turns from {sources[name]}")
+        plans.append(SetPlan(name, convs, max_new))
+    return plans, sources
+
+
+def _results_metadata(results: list[SetResult], config: BenchmarkConfig, engine: str) -> dict[str, Any]:
+    from eagle_assets.plots import grouped_bars_md, tau_comparison_md
+
+    spec = config.speculative()
+    ok = comparable(engine, spec, config.temperature)
+    md: dict[str, Any] = {
+        "acceptance": dg.MetadataValue.md(results_table(results, spec.num_steps)),
+        "reference": dg.MetadataValue.md(reference_table(results, f"this draft ({engine})", ok)),
+        "per_set": dg.MetadataValue.json([r.summary() for r in results]),
+    }
+    for r in results:
+        if r.tau is not None:
+            md[f"acceptance_length_{r.name}"] = dg.MetadataValue.float(round(r.tau, 4))
+        if r.speedup is not None:
+            md[f"speedup_{r.name}"] = dg.MetadataValue.float(round(r.speedup, 4))
+    headline = next((r for r in results if r.name == "mtbench" and r.tau is not None), None)
+    headline = headline or next((r for r in results if r.tau is not None), None)
+    if headline is not None:
+        md["acceptance_length"] = dg.MetadataValue.float(round(headline.tau or 0.0, 4))
+        md["per_position_accept_rate"] = dg.MetadataValue.json([round(x, 4) for x in headline.position_rates or []])
+    labels = {n: PROMPT_SETS[n].label for n in ("mtbench", "gsm8k", "humaneval")}
+    md["acceptance_plot"] = dg.MetadataValue.md(
+        tau_comparison_md(
+            {r.name: r.tau for r in results},
+            {ref.draft: ref.tau for ref in REFERENCES},
+            labels,
+            f"τ, {engine} {spec.num_steps}/{spec.eagle_topk}/{spec.num_draft_tokens}, batch {config.batch_size}",
+        )
+    )
+    with_rates = {r.label: r.position_rates for r in results if r.position_rates}
+    if with_rates:
+        md["per_position_plot"] = dg.MetadataValue.md(
+            grouped_bars_md(
+                with_rates,  # type: ignore[arg-type]
+                [f"pos {i + 1}" for i in range(spec.num_steps)],
+                "share of verifications accepting each draft position",
+                "accepted",
+            )
+        )
+    return md
+
+
+def run_serving(
+    context: dg.AssetExecutionContext,
+    config: BenchmarkConfig,
+    target: TargetModelResource,
+    serving: ServingEngineResource,
+    export: Path,
+) -> dg.MaterializeResult:
+    from eagle_assets.benchmarks.formatting import kimi_renderer
+    from eagle_assets.benchmarks.serving_benchmark import ServingBenchmarkFailed, run_serving_benchmark
+    from resources.serving.errors import ServingError
+
+    names = list(config.sets or SERVING_SETS)
+    unknown = [n for n in names if n not in PROMPT_SETS]
+    if unknown:
+        raise _fail(f"unknown prompt sets {unknown}; known: {', '.join(PROMPT_SETS)}")
+    spec = config.speculative()
+    try:
+        spec.validate(serving.backend)
+        plan = serving.plan(
+            spec, export, None if (serving.url or serving.model_path) else target.model_dir(), config.batch_size
+        )
+        sets, sources = load_prompt_sets(config, names, context.log.info)
+    except (SettingsError, PromptSetError, ValueError, OSError) as exc:
+        raise _fail(f"{serving.backend} benchmark not started: {exc}") from exc
+    run_dir = settings.forge_home() / "draft" / "benchmarks" / f"{time.strftime('%Y%m%d-%H%M%S')}-{context.run.run_id[:8]}"
+    settings_md = {
+        "backend": serving.backend,
+        "num_steps": spec.num_steps,
+        "eagle_topk": spec.eagle_topk,
+        "num_draft_tokens": spec.num_draft_tokens,
+        "batch_size": config.batch_size,
+        "temperature": config.temperature,
+        "thinking": config.thinking,
+        "max_new_tokens": {s.name: s.max_new_tokens for s in sets},
+        "sources": sources,
+        "draft": str(export),
+        "mode": "attach" if serving.url else "start",
+    }
+    try:
+        run = run_serving_benchmark(
+            plan,
+            sets,
+            kimi_renderer(config.thinking),
+            batch_size=config.batch_size,
+            temperature=config.temperature,
+            run_dir=run_dir,
+            log=context.log.info,
+        )
+    except ServingBenchmarkFailed as exc:
+        partial = results_table(exc.partial, spec.num_steps) if exc.partial else "(nothing answered)"
+        raise _fail(
+            str(exc),
+            partial_results=dg.MetadataValue.md(partial),
+            journal=dg.MetadataValue.path(str(exc.journal)),
+            settings=dg.MetadataValue.json(settings_md),
+        ) from exc
+    except ServingError as exc:
+        raise _fail(f"{serving.backend} benchmark failed: {exc}", settings=dg.MetadataValue.json(settings_md)) from exc
+    settings_md["engine_version"] = run.engine_version
+    settings_md["servers"] = run.servers
+    return dg.MaterializeResult(
+        metadata={
+            "backend": dg.MetadataValue.text(serving.backend),
+            **_results_metadata(run.results, config, serving.backend),
+            "settings": dg.MetadataValue.json(settings_md),
+            "journal": dg.MetadataValue.path(str(run.journal)),
+            "prompts": dg.MetadataValue.int(sum(r.draft.conversations for r in run.results)),
+        }
+    )

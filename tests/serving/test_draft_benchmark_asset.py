@@ -1,0 +1,93 @@
+"""``draft_benchmark`` materialized through a serving backend on a real Dagster instance, against the stand-ins."""
+
+import dagster as dg
+import polars as pl
+import pytest
+
+from eagle_assets.assets.corpus import corpus_dir
+from eagle_assets.assets.draft import draft_benchmark, latest_export_dir
+from resources.serving.resource import ServingEngineResource
+from resources.target.resource import TargetModelResource
+from tests.serving.conftest import FAKE_LAUNCHER, write_draft
+
+
+@pytest.fixture
+def forge_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("EAGLE_FORGE_HOME", str(tmp_path / "home"))
+    write_draft(latest_export_dir() / "export")
+    (corpus_dir() / "eval").mkdir(parents=True)
+    prompts = [[163587, 2482, 163601, 100 + i, 163586, 163588, 69702, 163601, 163606] for i in range(3)]
+    pl.DataFrame(
+        {"input_ids": [[*p, 7, 8, 163586] for p in prompts], "prompt_len": [len(p) for p in prompts]}
+    ).write_parquet(corpus_dir() / "eval" / "shard-00000.parquet")
+    return tmp_path / "home"
+
+
+def serving(engine, target_model, **kw):
+    return ServingEngineResource(
+        backend=engine, model_path=str(target_model), tp_size=1, launcher=FAKE_LAUNCHER[engine], health_poll_s=0.2, **kw
+    )
+
+
+def materialize(instance, engine, target_model, config, **raise_kw):
+    return dg.materialize(
+        [draft_benchmark],
+        instance=instance,
+        resources={"target": TargetModelResource(), "serving": serving(engine, target_model)},
+        run_config={"ops": {"draft_benchmark": {"config": config}}},
+        **raise_kw,
+    )
+
+
+def test_sglang_results_settings_and_reference_in_the_metadata(forge_home, target_model, fake_behaviour):
+    fake_behaviour(step_time_s=0.002)
+    with dg.instance_for_test() as instance:
+        r = materialize(instance, "sglang", target_model, {"sets": ["heldout"], "max_new_tokens": 40, "batch_size": 2})
+        md = r.asset_materializations_for_node("draft_benchmark")[0].metadata
+    (row,) = md["per_set"].value
+    assert row["set"] == "heldout" and row["requests"] == 3 and row["complete"]
+    assert row["tau_definition"] == "output_per_verification" and md["acceptance_length"].value == row["tau"]
+    assert md["acceptance_length_heldout"].value == row["tau"] and md["speedup_heldout"].value == row["speedup"]
+    assert len(md["per_position_accept_rate"].value) == 3
+    assert "held-out corpus" in md["acceptance"].value and "tok/s without" in md["acceptance"].value
+    ref = md["reference"].value
+    assert "lightseekorg/kimi-k2.5-eagle3 | 2.687 | 3.201 | 3.285 | reference (published)" in ref
+    assert "this draft (sglang)" in ref and "not comparable" not in ref  # 3/1/4, greedy: the reference settings
+    assert md["acceptance_plot"].value.startswith("![") and "data:image/png;base64," in md["per_position_plot"].value
+    s = md["settings"].value
+    assert (s["backend"], s["num_steps"], s["eagle_topk"], s["num_draft_tokens"], s["batch_size"]) == (
+        "sglang",
+        3,
+        1,
+        4,
+        2,
+    )
+    assert s["temperature"] == 0.0 and s["engine_version"] == "0.5.0-fake" and s["mode"] == "start"
+    assert s["sources"] == {"heldout": "corpus eval split"}
+
+
+def test_vllm_failure_names_the_cause_and_shows_the_partial_results(forge_home, target_model, fake_behaviour):
+    fake_behaviour(step_time_s=0.002, die_after_requests=2)
+    with dg.instance_for_test() as instance:
+        r = materialize(
+            instance, "vllm", target_model, {"sets": ["heldout"], "max_new_tokens": 40}, raise_on_error=False
+        )
+        assert not r.success
+        (failure,) = [e for e in r.all_events if e.is_step_failure]
+        data = failure.step_failure_data.user_failure_data
+    assert "2 requests were answered" in data.description and "exited with code 3" in data.description
+    assert "(incomplete)" in data.metadata["partial_results"].value
+    assert data.metadata["journal"].value.endswith("requests.jsonl")
+
+
+def test_settings_the_engine_cannot_run_fail_before_any_server(forge_home, target_model, fake_behaviour):
+    with dg.instance_for_test() as instance:
+        r = materialize(
+            instance,
+            "vllm",
+            target_model,
+            {"sets": ["heldout"], "eagle_topk": 4, "num_draft_tokens": 8},
+            raise_on_error=False,
+        )
+        (failure,) = [e for e in r.all_events if e.is_step_failure]
+    assert "chains only" in failure.step_failure_data.user_failure_data.description
