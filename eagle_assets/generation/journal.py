@@ -3,9 +3,12 @@
 A response only "counts" once its journal line is fsync'd: the ledger is settled and progress is
 reported after the commit, never before. Each line carries a CRC so that a record torn by a crash
 mid-write is detected and dropped (and its prompt re-done) instead of being read as data. A file
-lock makes the journal single-writer, so two runs of the same partition cannot both append.
+lock makes the journal single-writer, so two runs of the same partition cannot both append; where the
+file system does not honour it across hosts (NFS), a *fence* (``partition_fence``: a lease in the ledger's
+database) is checked before every append. ``EAGLE_FORGE_JOURNAL_FLOCK=0`` leaves the file lock out.
 """
 
+import errno
 import fcntl
 import logging
 import os
@@ -13,7 +16,7 @@ import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -26,6 +29,19 @@ class JournalError(RuntimeError):
 
 class JournalLockedError(JournalError):
     """Another process is already writing this partition."""
+
+
+class Fence(Protocol):
+    def check(self) -> None:
+        """Raise unless this writer may still append."""
+
+
+# flock answers these where the file system has no working lock (NFS without lockd, some FUSE mounts).
+_NO_LOCKS = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS}
+
+
+def flock_enabled() -> bool:
+    return os.environ.get("EAGLE_FORGE_JOURNAL_FLOCK", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def encode_line(record: dict[str, Any]) -> bytes:
@@ -87,17 +103,34 @@ def read_records(path: Path) -> list[dict[str, Any]]:
 
 
 class Journal:
-    """Exclusive writer for one partition's journal file."""
+    """Exclusive writer for one partition's journal file.
 
-    def __init__(self, path: Path) -> None:
+    ``fence``: checked before every append (and must already be held when the journal is opened, since
+    opening may truncate a torn tail). ``use_flock``: None reads ``EAGLE_FORGE_JOURNAL_FLOCK``.
+    """
+
+    def __init__(self, path: Path, fence: Fence | None = None, use_flock: bool | None = None) -> None:
         self.path = path
+        self._fence = fence
         path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
-        try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError as exc:
-            os.close(self._fd)
-            raise JournalLockedError(f"{path} is locked by another run of this partition") from exc
+        self._locked = False
+        if flock_enabled() if use_flock is None else use_flock:
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                self._locked = True
+            except BlockingIOError as exc:
+                os.close(self._fd)
+                raise JournalLockedError(f"{path} is locked by another run of this partition") from exc
+            except OSError as exc:
+                if exc.errno not in _NO_LOCKS or fence is None:
+                    os.close(self._fd)
+                    raise JournalError(
+                        f"{path}: the file system refuses flock ({exc.strerror}); with no database fence nothing"
+                        " keeps a second writer out. Use a PostgreSQL ledger (EAGLE_FORGE_DATABASE_URL)."
+                    ) from exc
+                log.warning("journal %s: no flock on this file system (%s); the database fence alone holds",
+                            path, exc.strerror)
         result = scan(path)
         if result.dropped_bytes:
             log.warning(
@@ -126,6 +159,8 @@ class Journal:
         fresh = [r for r in records if r["prompt_id"] not in self.records]
         if not fresh:
             return []
+        if self._fence is not None:
+            self._fence.check()
         buf = b"".join(encode_line(r) for r in fresh)
         view = memoryview(buf)
         while view:
@@ -138,7 +173,8 @@ class Journal:
 
     def close(self) -> None:
         if self._fd >= 0:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            if self._locked:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = -1
 

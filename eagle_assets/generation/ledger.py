@@ -29,11 +29,14 @@ ended in an error, an orphan whose generation id had arrived) are charged provis
 they are looked up later, by any process (``eagle_assets.generation.settlement`` decides when), and
 the provisional charge is replaced by the actual cost (``resolve_uncertain``) or kept for good
 (``write_off_uncertain``). This table is plain portable SQL, shared like the rest of the ledger.
+
+Where the tables live is one setting (``ledger_db``): a SQLite file, the embedded default, or a
+PostgreSQL database shared by several hosts. Death is judged by a heartbeat lease on the database's
+clock (``liveness``), with a pid check only within one pid space: a dead host's slots come back once
+its lease expires, and its open reservations are then charged at their worst case.
 """
 
 import os
-import sqlite3
-import threading
 import time
 import uuid
 from collections.abc import Iterable, Mapping
@@ -53,6 +56,9 @@ from eagle_assets.generation.admission import (
     held_usd,
     token_admission,
 )
+from eagle_assets.generation.ledger_db import Cursor, LedgerDatabase, open_database
+from eagle_assets.generation.liveness import Heartbeat, OwnerRecord, host_id, lease_seconds, why_dead
+from eagle_assets.generation.partition_fence import FENCE_SCHEMA, PartitionFence
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS owners (
@@ -84,7 +90,9 @@ CREATE INDEX IF NOT EXISTS reservations_owner ON reservations(owner);
 CREATE INDEX IF NOT EXISTS uncertain_due ON uncertain(next_lookup);
 CREATE INDEX IF NOT EXISTS spend_partition ON spend(partition, kind);
 CREATE INDEX IF NOT EXISTS answers_seq ON answers(dataset, seq);
-"""
+""" + FENCE_SCHEMA
+# Created once the columns they index exist (older ledgers gain those columns first).
+INDEXES = "CREATE INDEX IF NOT EXISTS reservations_seq ON reservations(dataset, seq)"
 # Columns added to reservations after the first release; rows of an older ledger read as hard
 # worst-case reservations (prompt part = everything, no completion price), which is what they were.
 _ADDED_COLUMNS = {
@@ -97,6 +105,12 @@ _ADDED_COLUMNS = {
         "generation_id": "TEXT DEFAULT NULL",
     },
     "lengths": {"paid": "REAL NOT NULL DEFAULT 0", "priced": "REAL NOT NULL DEFAULT 0"},
+    # Owners of an older ledger have no lease (host ''): they are judged by their pid, as they were.
+    "owners": {
+        "host": "TEXT NOT NULL DEFAULT ''",
+        "heartbeat": "REAL NOT NULL DEFAULT 0",
+        "lease_s": "REAL NOT NULL DEFAULT 0",
+    },
 }
 
 GLOBAL = "global"
@@ -212,90 +226,90 @@ class _Open:
     groups: dict[str, OpenGroup] = field(default_factory=dict)
 
 
-class BudgetLedger:
-    """One connection per process; every public method is one short transaction."""
+class LedgerLeaseLost(RuntimeError):
+    """This process's owner lease lapsed and another process charged what it had open: it must stop."""
 
-    def __init__(self, path: str | Path, owner: str | None = None, policy: AdmissionPolicy | None = None) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+class BudgetLedger:
+    """One connection per process; every public method is one short transaction.
+
+    ``location``: a SQLite path (or ``sqlite:///path``) or a ``postgresql://`` URL (``ledger_db``).
+    ``lease_s``: how long this owner counts as alive without a heartbeat (``EAGLE_FORGE_LEASE_S``, 30 s);
+    a thread renews it every ``lease_s / 6``.
+    """
+
+    def __init__(
+        self,
+        location: str | Path,
+        owner: str | None = None,
+        policy: AdmissionPolicy | None = None,
+        lease_s: float | None = None,
+    ) -> None:
+        self.db: LedgerDatabase = open_database(location)
+        self.location = self.db.description
         self.policy = policy or AdmissionPolicy()
-        # One connection shared by the event loop and the journal-commit thread, serialized by a lock.
-        self._db = sqlite3.connect(self.path, timeout=60.0, isolation_level=None, check_same_thread=False)
-        self._lock = threading.RLock()
-        self._wal()
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(SCHEMA)
-        self._migrate()
+        self.lease_s = lease_s or lease_seconds()
+        self.host = host_id()
+        self.db.create_schema(SCHEMA, _ADDED_COLUMNS, INDEXES)
         self.owner = owner or f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
         proc = psutil.Process()
         with self._tx() as cur:
             cur.execute(
-                "INSERT OR REPLACE INTO owners VALUES (?,?,?,?)",
-                (self.owner, proc.pid, proc.create_time(), time.time()),
+                "INSERT INTO owners (owner, pid, create_time, started, host, heartbeat, lease_s)"
+                f" VALUES (?,?,?,?,?,{self.db.now_sql},?) ON CONFLICT(owner) DO UPDATE SET pid = excluded.pid,"
+                " create_time = excluded.create_time, started = excluded.started, host = excluded.host,"
+                " heartbeat = excluded.heartbeat, lease_s = excluded.lease_s",
+                (self.owner, proc.pid, proc.create_time(), time.time(), self.host, self.lease_s),
             )
         self._last_dead_check = time.monotonic()
         self._model_cache: tuple[tuple[Moments, int, AdmissionPolicy], LengthModel | None] | None = None
+        self._beat_db = self.db.another()
+        self.heartbeat = Heartbeat(self._beat, interval_s=self.lease_s / 6)
         self.recover_dead_owners()
 
-    def _wal(self) -> None:
-        """Switch to WAL. SQLite answers "locked" at once, without the busy timeout, while another process
-        sets up the same fresh file (B1–B8 starting together): wait for it instead of failing the step."""
-        deadline = time.monotonic() + 60.0
-        while True:
-            try:
-                self._db.execute("PRAGMA journal_mode=WAL")
-                return
-            except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc) or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.02)
-
-    def _migrate(self) -> None:
-        """Add what later versions keep per reservation; under the write lock, so racing openers agree."""
-        with self._tx() as cur:
-            for table, columns in _ADDED_COLUMNS.items():
-                have = {row[1] for row in cur.execute(f"PRAGMA table_info({table})")}
-                for name, decl in columns.items():
-                    if name not in have:
-                        cur.execute(f"ALTER TABLE {table} ADD COLUMN {name} {decl}")
-            cur.execute("CREATE INDEX IF NOT EXISTS reservations_seq ON reservations(dataset, seq)")
-
     # --- plumbing ---------------------------------------------------------------------------
-    class _Tx:
-        def __init__(self, db: sqlite3.Connection, lock: threading.RLock) -> None:
-            self.db, self.lock = db, lock
+    def _tx(self):  # type: ignore[no-untyped-def]
+        return self.db.tx()
 
-        def __enter__(self) -> sqlite3.Cursor:
-            self.lock.acquire()
-            try:
-                self.cur = self.db.cursor()
-                self.cur.execute("BEGIN IMMEDIATE")
-            except BaseException:
-                self.lock.release()
-                raise
-            return self.cur
+    def _beat(self) -> bool:
+        """Renew this owner's lease (heartbeat thread); False once the row is gone (declared dead)."""
+        with self._beat_db.tx() as cur:
+            cur.execute(f"UPDATE owners SET heartbeat = {self.db.now_sql} WHERE owner = ?", (self.owner,))
+            return cur.rowcount == 1
 
-        def __exit__(self, exc_type: object, *_: object) -> None:
-            try:
-                self.cur.execute("ROLLBACK" if exc_type else "COMMIT")
-            finally:
-                self.lock.release()
+    def _assert_alive(self, cur: Cursor) -> None:
+        """Renew the lease inside a write, and refuse to go on once it was lost: a process declared dead
+        must not take budget or slots that were handed back on its behalf."""
+        cur.execute(f"UPDATE owners SET heartbeat = {self.db.now_sql} WHERE owner = ?", (self.owner,))
+        if cur.rowcount != 1 or self.heartbeat.lost:
+            self.heartbeat.lost = True
+            raise LedgerLeaseLost(
+                f"ledger owner {self.owner} on {self.host} was declared dead (no heartbeat for over"
+                f" {self.lease_s:.0f} s, {self.heartbeat.since_ok():.0f} s since the last one this process saw);"
+                " its open reservations were charged at worst case and its slots freed. Rerun the partition."
+            )
 
-    def _tx(self) -> "BudgetLedger._Tx":
-        return BudgetLedger._Tx(self._db, self._lock)
+    def partition_fence(self, partition: str, wait_s: float | None = None) -> PartitionFence:
+        """The database lease that makes this process the only writer of ``partition``'s journal."""
+        return PartitionFence(self, partition, wait_s=wait_s)
 
     @staticmethod
-    def _bump(cur: sqlite3.Cursor, scope: str, **deltas: float) -> None:
-        cur.execute("INSERT OR IGNORE INTO totals(scope) VALUES (?)", (scope,))
-        sets = ", ".join(f"{k} = {k} + ?" for k in deltas)
-        cur.execute(f"UPDATE totals SET {sets} WHERE scope = ?", (*deltas.values(), scope))
+    def _bump(cur: Cursor, scope: str, **deltas: float) -> None:
+        """Add ``deltas`` to a scope's totals, creating the row: one statement (a round trip on PostgreSQL)."""
+        names = ", ".join(deltas)
+        marks = ",".join("?" * len(deltas))
+        sets = ", ".join(f"{k} = totals.{k} + excluded.{k}" for k in deltas)
+        cur.execute(
+            f"INSERT INTO totals (scope, {names}) VALUES (?,{marks}) ON CONFLICT(scope) DO UPDATE SET {sets}",
+            (scope, *deltas.values()),
+        )
 
-    def _bump_many(self, cur: sqlite3.Cursor, deltas: dict[str, dict[str, int]]) -> None:
+    def _bump_many(self, cur: Cursor, deltas: dict[str, dict[str, int]]) -> None:
         for scope, d in deltas.items():
             if any(d.values()):
                 self._bump(cur, scope, **d)
 
-    def _close_many(self, cur: sqlite3.Cursor, items: list[tuple[Reservation, float, int, str]]) -> list[int]:
+    def _close_many(self, cur: Cursor, items: list[tuple[Reservation, float, int, str]]) -> list[int]:
         """Close reservations into spend, in one pass; returns the indexes of those that were still open.
 
         A reservation already closed (settled twice, or recovered as an orphan) is skipped: never count twice.
@@ -336,8 +350,8 @@ class BudgetLedger:
     # --- queries ----------------------------------------------------------------------------
     def totals(self, dataset: str | None = None) -> Totals:
         scope = GLOBAL if dataset is None else _scope(dataset)
-        with self._lock:
-            row = self._db.execute(
+        with self.db.read() as cur:
+            row = cur.execute(
                 "SELECT usd_spent, usd_reserved, tokens_spent, tokens_reserved, in_flight FROM totals WHERE scope = ?",
                 (scope,),
             ).fetchone()
@@ -347,22 +361,21 @@ class BudgetLedger:
 
     def spend_by_kind(self, partition: str | None = None) -> dict[str, float]:
         q = "SELECT kind, SUM(usd) FROM spend" + (" WHERE partition = ?" if partition else "")
-        with self._lock:
-            rows = self._db.execute(q + " GROUP BY kind", (partition,) if partition else ()).fetchall()
+        with self.db.read() as cur:
+            rows = cur.execute(q + " GROUP BY kind", (partition,) if partition else ()).fetchall()
         return {k: v / NANO for k, v in rows}
 
     def length_moments(self, dataset: str) -> Moments:
         """The completion-length statistics admission uses for ``dataset`` (completed cohorts only)."""
-        with self._lock:
-            return self._moments(self._db.cursor(), dataset)
+        with self.db.read() as cur:
+            return self._moments(cur, dataset)
 
     def length_model(self, dataset: str, max_tokens: int) -> LengthModel | None:
         return LengthModel.from_moments(self.length_moments(dataset), self.policy, max_tokens)
 
     def outlook(self, request: ReservationRequest, batch: int) -> Outlook:
         """Numbers for the decision to stop at a budget's tail (see ``Outlook``)."""
-        with self._lock:
-            cur = self._db.cursor()
+        with self.db.read() as cur:
             snap = self._open(cur)
             moments = {d: self._moments(cur, d) for d in {*snap.groups, request.dataset}}
             open_expected: float | None = 0.0
@@ -390,20 +403,19 @@ class BudgetLedger:
 
     def open_held_usd(self) -> float:
         """What the open reservations hold of the dollar budget now (the admission check's left side, less spend)."""
-        with self._lock:
-            cur = self._db.cursor()
+        with self.db.read() as cur:
             snap = self._open(cur)
             return self._held(cur, snap, {}) - snap.spent
 
     @staticmethod
-    def _moments(cur: sqlite3.Cursor, dataset: str) -> Moments:
+    def _moments(cur: Cursor, dataset: str) -> Moments:
         row = cur.execute(
             "SELECT eff_n, eff_s1, eff_s2, eff_s3, eff_s4 FROM lengths WHERE dataset = ?", (dataset,)
         ).fetchone()
         return Moments(*row) if row else Moments()
 
     # --- admission --------------------------------------------------------------------------
-    def _open(self, cur: sqlite3.Cursor) -> _Open:
+    def _open(self, cur: Cursor) -> _Open:
         (spent,) = cur.execute("SELECT usd_spent FROM totals WHERE scope = ?", (GLOBAL,)).fetchone() or (0,)
         snap = _Open(spent / NANO, 0.0, 0.0)
         rows = cur.execute(
@@ -418,7 +430,7 @@ class BudgetLedger:
                 snap.groups[dataset] = OpenGroup(count, usd / NANO, prompt / NANO, p1, p2, pmax, tmax)
         return snap
 
-    def _held(self, cur: sqlite3.Cursor, snap: _Open, models: dict[str, Moments]) -> float:
+    def _held(self, cur: Cursor, snap: _Open, models: dict[str, Moments]) -> float:
         """``spent`` plus what everything open holds, under this ledger's policy."""
         if self.policy.hard:
             return snap.spent + snap.all_usd
@@ -457,6 +469,7 @@ class BudgetLedger:
         cap_n = _n(cap)
         hard = self.policy.hard
         with self._tx() as cur:
+            self._assert_alive(cur)
             base = self._open(cur)
             moments: dict[str, Moments] = {}
             tokens0: dict[str, tuple[int, int, int]] = {}
@@ -533,14 +546,14 @@ class BudgetLedger:
         return out, denial
 
     def _insert_many(
-        self, cur: sqlite3.Cursor, granted: list[tuple[ReservationRequest, float]], hard: bool
+        self, cur: Cursor, granted: list[tuple[ReservationRequest, float]], hard: bool
     ) -> list[Reservation]:
         if not granted:
             return []
         next_seq: dict[str, int] = {}
         for r, _ in granted:
             if r.dataset not in next_seq:
-                cur.execute("INSERT OR IGNORE INTO lengths(dataset) VALUES (?)", (r.dataset,))
+                cur.execute("INSERT INTO lengths(dataset) VALUES (?) ON CONFLICT DO NOTHING", (r.dataset,))
                 (next_seq[r.dataset],) = cur.execute(
                     "SELECT next_seq FROM lengths WHERE dataset = ?", (r.dataset,)
                 ).fetchone()
@@ -627,7 +640,7 @@ class BudgetLedger:
             for dataset in {items[i][0].dataset for i in closed}:
                 self._refresh_lengths(cur, dataset)
 
-    def _refresh_lengths(self, cur: sqlite3.Cursor, dataset: str) -> None:
+    def _refresh_lengths(self, cur: Cursor, dataset: str) -> None:
         """Fold answers below the oldest open admission into the dataset's statistics (see ``cohort_moments``)."""
         row = cur.execute("SELECT next_seq, n, s1, s2, s3, s4 FROM lengths WHERE dataset = ?", (dataset,)).fetchone()
         if row is None:
@@ -636,8 +649,9 @@ class BudgetLedger:
         (frontier,) = cur.execute("SELECT MIN(seq) FROM reservations WHERE dataset = ?", (dataset,)).fetchone()
         frontier = next_seq if frontier is None else frontier
         n, s1, s2, s3, s4 = cur.execute(
-            "SELECT COUNT(*), TOTAL(tokens), TOTAL(tokens * tokens * 1.0), TOTAL(tokens * tokens * tokens * 1.0),"
-            " TOTAL(tokens * tokens * 1.0 * tokens * tokens) FROM answers WHERE dataset = ? AND seq < ?",
+            "SELECT COUNT(*), COALESCE(SUM(tokens * 1.0), 0), COALESCE(SUM(tokens * tokens * 1.0), 0),"
+            " COALESCE(SUM(tokens * tokens * tokens * 1.0), 0),"
+            " COALESCE(SUM(tokens * tokens * 1.0 * tokens * tokens), 0) FROM answers WHERE dataset = ? AND seq < ?",
             (dataset, frontier),
         ).fetchone()
         folded = Moments(*folded_row)
@@ -668,7 +682,7 @@ class BudgetLedger:
         )
 
     @staticmethod
-    def _list_uncertain(cur: sqlite3.Cursor, rows: list[tuple[str | None, Reservation, float, float]]) -> None:
+    def _list_uncertain(cur: Cursor, rows: list[tuple[str | None, Reservation, float, float]]) -> None:
         """List provisional charges (generation id, the reservation whose spend row holds it, usd, when)."""
         cur.executemany(
             "INSERT INTO uncertain (generation_id, spend_id, dataset, partition, prompt_id, provisional_usd,"
@@ -708,35 +722,57 @@ class BudgetLedger:
         if time.monotonic() - self._last_dead_check > DEAD_OWNER_CHECK_S:
             self.recover_dead_owners()
         with self._tx() as cur:
+            self._assert_alive(cur)
             rows = cur.execute("SELECT owner, want, held FROM slots WHERE owner != ?", (self.owner,)).fetchall()
             wants = {o: w for o, w, _ in rows}
             wants[self.owner] = want
             share = fair_shares(wants, capacity)[self.owner]
             limit = max(0, min(share, capacity - sum(h for _, _, h in rows)))
-            cur.execute("INSERT OR REPLACE INTO slots VALUES (?,?,?)", (self.owner, want, max(in_use, limit)))
+            cur.execute(
+                "INSERT INTO slots (owner, want, held) VALUES (?,?,?)"
+                " ON CONFLICT(owner) DO UPDATE SET want = excluded.want, held = excluded.held",
+                (self.owner, want, max(in_use, limit)),
+            )
         return limit
 
     # --- crash recovery ---------------------------------------------------------------------
-    @staticmethod
-    def _alive(pid: int, create_time: float) -> bool:
-        try:
-            return abs(psutil.Process(pid).create_time() - create_time) < 1.0
-        except psutil.Error:
-            return False
+    def _owners(self, cur: Cursor) -> tuple[list[OwnerRecord], float]:
+        rows = cur.execute(
+            f"SELECT owner, pid, create_time, host, heartbeat, lease_s, {self.db.now_sql} FROM owners"
+        ).fetchall()
+        now = rows[0][6] if rows else 0.0
+        return [OwnerRecord(*r[:6]) for r in rows], now
+
+    def dead_owners(self) -> dict[str, str]:
+        """Owners other than this one that count as dead now, and why (``liveness.why_dead``)."""
+        with self.db.read() as cur:
+            owners, now = self._owners(cur)
+        out = {}
+        for row in owners:
+            if row.owner != self.owner and (why := why_dead(row, here=self.host, now=now)) is not None:
+                out[row.owner] = why
+        return out
 
     def recover_dead_owners(self) -> int:
-        """Turn the reservations of dead processes into worst-case spend and free their slots; returns how many."""
+        """Turn the reservations of dead owners into worst-case spend and free their slots; returns how many.
+
+        Whether an owner is dead is asked again inside the write: a heartbeat that arrived meanwhile saves it.
+        """
         self._last_dead_check = time.monotonic()
-        with self._lock:
-            owners = self._db.execute("SELECT owner, pid, create_time FROM owners").fetchall()
-        dead = [o for o, pid, ct in owners if o != self.owner and not self._alive(pid, ct)]
         count = 0
-        for owner in dead:
+        for owner in self.dead_owners():
             with self._tx() as cur:
-                count += self._orphan_owner(cur, owner)
+                count += self._orphan_if_dead(cur, owner)
         return count
 
-    def _orphan_owner(self, cur: sqlite3.Cursor, owner: str) -> int:
+    def _orphan_if_dead(self, cur: Cursor, owner: str) -> int:
+        owners, now = self._owners(cur)
+        row = next((r for r in owners if r.owner == owner), None)
+        if row is None or why_dead(row, here=self.host, now=now) is None:
+            return 0
+        return self._orphan_owner(cur, owner)
+
+    def _orphan_owner(self, cur: Cursor, owner: str) -> int:
         """Charge an owner's open reservations at their worst case and forget the owner."""
         rows = cur.execute(
             "SELECT id, dataset, partition, prompt_id, usd, tokens, seq, hard, prompt_usd, price, generation_id"
@@ -754,6 +790,7 @@ class BudgetLedger:
             self._refresh_lengths(cur, dataset)
         cur.execute("DELETE FROM owners WHERE owner = ?", (owner,))
         cur.execute("DELETE FROM slots WHERE owner = ?", (owner,))
+        PartitionFence.release_all(cur, owner)
         return len(rows)
 
     def correct_orphans(self, partition: str, actual: Mapping[str, tuple[float, int]]) -> float:
@@ -807,8 +844,8 @@ class BudgetLedger:
             "SELECT generation_id, spend_id, dataset, partition, prompt_id, provisional_usd, charged_at, lookups,"
             " next_lookup FROM uncertain"
         )
-        with self._lock:
-            rows = self._db.execute(
+        with self.db.read() as cur:
+            rows = cur.execute(
                 q + (" WHERE partition = ?" if partition else "") + " ORDER BY charged_at",
                 (partition,) if partition else (),
             ).fetchall()
@@ -860,7 +897,9 @@ class BudgetLedger:
         return total / NANO
 
     def close(self) -> None:
+        self.heartbeat.stop()
+        self._beat_db.close()
         with self._tx() as cur:
             # A clean close with open reservations means requests were abandoned: count them.
             self._orphan_owner(cur, self.owner)
-        self._db.close()
+        self.db.close()

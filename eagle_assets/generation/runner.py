@@ -234,7 +234,8 @@ class PartitionRunner:
     # --- main loop ----------------------------------------------------------------------------
     async def run(self) -> PartitionReport:
         start = time.monotonic()
-        with Journal(self.job.journal_path) as journal:
+        # The partition's lease first: opening the journal may truncate a torn tail (``partition_fence``).
+        with self.ledger.partition_fence(self.job.key) as fence, Journal(self.job.journal_path, fence) as journal:
             self.report.dropped_torn_bytes = journal.dropped_bytes
             actual = {
                 r["reservation_id"]: (float(r.get("cost") or 0.0), int(r.get("completion_tokens") or 0))

@@ -12,8 +12,8 @@ from eagle_assets.generation.admission import AdmissionPolicy
 from eagle_assets.generation.ledger import BudgetLedger, ReservationRequest, Settlement
 
 
-def test_reservation_respects_budget_and_settles(tmp_path):
-    led = BudgetLedger(tmp_path / "l.sqlite")
+def test_reservation_respects_budget_and_settles(ledger_at):
+    led = BudgetLedger(ledger_at("l"))
     granted, denial = led.reserve_many(
         [("B1", "B1/0", f"p{i}", 0.30, 100) for i in range(5)], budget_usd=1.0, token_budget=None
     )
@@ -31,8 +31,8 @@ def test_reservation_respects_budget_and_settles(tmp_path):
     led.close()
 
 
-def test_token_budget_per_dataset(tmp_path):
-    led = BudgetLedger(tmp_path / "l.sqlite")
+def test_token_budget_per_dataset(ledger_at):
+    led = BudgetLedger(ledger_at("l"))
     g, d = led.reserve_many([("B1", "B1/0", f"p{i}", 0.0, 400) for i in range(3)], budget_usd=10, token_budget=1000)
     assert len(g) == 2 and d.reason == "tokens"
     g2, d2 = led.reserve_many([("B2", "B2/0", "q", 0.0, 400)], budget_usd=10, token_budget=1000)
@@ -40,8 +40,8 @@ def test_token_budget_per_dataset(tmp_path):
     led.close()
 
 
-def test_spend_persists_across_reopen(tmp_path):
-    path = tmp_path / "l.sqlite"
+def test_spend_persists_across_reopen(ledger_at):
+    path = ledger_at("l")
     led = BudgetLedger(path)
     g, _ = led.reserve_many([("B1", "B1/0", "p", 2.0, 10)], budget_usd=5, token_budget=None)
     led.settle_many([Settlement(g[0], 1.5, 10)])
@@ -60,8 +60,8 @@ def _reserve_and_hang(path, ready):
     time.sleep(60)
 
 
-def test_dead_process_reservations_become_worst_case_spend_then_corrected(tmp_path):
-    path = tmp_path / "l.sqlite"
+def test_dead_process_reservations_become_worst_case_spend_then_corrected(ledger_at):
+    path = ledger_at("l")
     ctx = multiprocessing.get_context("spawn")
     ready = ctx.Event()
     p = ctx.Process(target=_reserve_and_hang, args=(path, ready))
@@ -75,9 +75,8 @@ def test_dead_process_reservations_become_worst_case_spend_then_corrected(tmp_pa
     t = live.totals()
     assert t.usd_reserved == 0 and t.in_flight == 0 and t.usd_spent == pytest.approx(1.0)
     # The rerun finds two of those prompts journaled with their real cost and corrects the orphans.
-    import sqlite3
-
-    ids = [r[0] for r in sqlite3.connect(path).execute("SELECT id FROM spend ORDER BY prompt_id LIMIT 2")]
+    with live.db.read() as cur:
+        ids = [r[0] for r in cur.execute("SELECT id FROM spend ORDER BY prompt_id LIMIT 2").fetchall()]
     refunded = live.correct_orphans("B1/0", {ids[0]: (0.05, 7), ids[1]: (0.10, 9)})
     assert refunded == pytest.approx(0.35)
     assert live.totals().usd_spent == pytest.approx(0.65)
@@ -86,8 +85,8 @@ def test_dead_process_reservations_become_worst_case_spend_then_corrected(tmp_pa
     live.close()
 
 
-def test_concurrent_processes_never_exceed_budget(tmp_path):
-    path = tmp_path / "l.sqlite"
+def test_concurrent_processes_never_exceed_budget(ledger_at):
+    path = ledger_at("l")
     BudgetLedger(path).close()
     ctx = multiprocessing.get_context("spawn")
     q = ctx.Queue()
@@ -153,11 +152,11 @@ def _spend_down(led: BudgetLedger, budget: float, wave: int, seed: int) -> list[
         assert led.totals().usd_spent <= budget + 1e-9
 
 
-def test_statistical_admission_fills_the_budget_that_worst_case_leaves_idle(tmp_path):
+def test_statistical_admission_fills_the_budget_that_worst_case_leaves_idle(ledger_at):
     budget = 8.0
-    stat = BudgetLedger(tmp_path / "stat.sqlite")
+    stat = BudgetLedger(ledger_at("stat"))
     waves = _spend_down(stat, budget, wave=2000, seed=1)
-    hard = BudgetLedger(tmp_path / "hard.sqlite", policy=AdmissionPolicy(mode="hard"))
+    hard = BudgetLedger(ledger_at("hard"), policy=AdmissionPolicy(mode="hard"))
     waves_hard = _spend_down(hard, budget, wave=2000, seed=1)
     # The first wave knows nothing: both hold the worst case.
     assert waves[0][1] == waves_hard[0][1] == int(budget // WORST)
@@ -182,8 +181,8 @@ def test_statistical_admission_fills_the_budget_that_worst_case_leaves_idle(tmp_
     hard.close()
 
 
-def test_min_grant_is_all_or_nothing(tmp_path):
-    led = BudgetLedger(tmp_path / "l.sqlite")
+def test_min_grant_is_all_or_nothing(ledger_at):
+    led = BudgetLedger(ledger_at("l"))
     reqs = [("B1", "B1/0", f"p{i}", 0.30, 1) for i in range(5)]
     g, d = led.reserve_many(reqs, budget_usd=1.0, token_budget=None, min_grant=4)
     assert g == [] and d.reason == "usd" and d.fit == 3
@@ -193,16 +192,16 @@ def test_min_grant_is_all_or_nothing(tmp_path):
     led.close()
 
 
-def test_account_cap_denies_as_credits(tmp_path):
-    led = BudgetLedger(tmp_path / "l.sqlite")
+def test_account_cap_denies_as_credits(ledger_at):
+    led = BudgetLedger(ledger_at("l"))
     reqs = [("B1", "B1/0", f"p{i}", 0.30, 1) for i in range(5)]
     g, d = led.reserve_many(reqs, budget_usd=100.0, token_budget=None, account_cap_usd=0.7)
     assert len(g) == 2 and d.reason == "credits"
     led.close()
 
 
-def test_token_target_admits_against_expected_lengths(tmp_path):
-    led = BudgetLedger(tmp_path / "l.sqlite")
+def test_token_target_admits_against_expected_lengths(ledger_at):
+    led = BudgetLedger(ledger_at("l"))
     budget = 400_000
     rng = random.Random(3)
     draw = _answer_lengths(rng)
@@ -222,9 +221,9 @@ def test_token_target_admits_against_expected_lengths(tmp_path):
     led.close()
 
 
-def test_statistics_wait_for_the_whole_cohort(tmp_path):
+def test_statistics_wait_for_the_whole_cohort(ledger_at):
     """Answers that came back while earlier admissions of the dataset still run are not used yet."""
-    led = BudgetLedger(tmp_path / "l.sqlite", policy=AdmissionPolicy(min_samples=10))
+    led = BudgetLedger(ledger_at("l"), policy=AdmissionPolicy(min_samples=10))
     g, _ = led.reserve_many([_request(i) for i in range(300)], budget_usd=1e6, token_budget=None)
     led.settle_many([Settlement(r, 0.0, 50) for r in g[100:]])  # later admissions answer first, short
     assert led.length_moments("B1").n == 0
@@ -236,7 +235,7 @@ def test_statistics_wait_for_the_whole_cohort(tmp_path):
     led.close()
 
 
-def test_an_older_ledger_file_is_migrated(tmp_path):
+def test_an_older_ledger_file_is_migrated(tmp_path):  # SQLite only: PostgreSQL ledgers start at this schema
     import sqlite3
 
     path = tmp_path / "old.sqlite"
@@ -272,8 +271,8 @@ def _slot_worker(path, conn):
     conn.send("closed")
 
 
-def test_two_processes_share_one_in_flight_cap(tmp_path):
-    path = tmp_path / "l.sqlite"
+def test_two_processes_share_one_in_flight_cap(ledger_at):
+    path = ledger_at("l")
     ctx = multiprocessing.get_context("spawn")
     pipes, procs = [], []
     for _ in range(2):
@@ -322,11 +321,11 @@ def _open_fresh(path, start, out):
         out.put(f"{type(exc).__name__}: {exc}")
 
 
-def test_many_processes_can_create_the_same_fresh_ledger_at_once(tmp_path):
+def test_many_processes_can_create_the_same_fresh_ledger_at_once(ledger_at):
     """B1–B8 started together on a new home all open a ledger that does not exist yet."""
     ctx = multiprocessing.get_context("spawn")
     start, out = ctx.Event(), ctx.Queue()
-    procs = [ctx.Process(target=_open_fresh, args=(tmp_path / "l.sqlite", start, out)) for _ in range(8)]
+    procs = [ctx.Process(target=_open_fresh, args=(ledger_at("l"), start, out)) for _ in range(8)]
     for p in procs:
         p.start()
     time.sleep(1.0)  # let them all import and wait at the line
@@ -335,15 +334,15 @@ def test_many_processes_can_create_the_same_fresh_ledger_at_once(tmp_path):
     for p in procs:
         p.join(30)
     assert results == ["ok"] * 8
-    led = BudgetLedger(tmp_path / "l.sqlite")
+    led = BudgetLedger(ledger_at("l"))
     # Each closed with its reservation open: charged as an orphan, all eight counted once.
     assert led.totals().usd_spent == pytest.approx(0.08) and led.totals().in_flight == 0
     led.close()
 
 
 # --- attempts awaiting settlement ---------------------------------------------------------------
-def test_uncertain_attempts_are_charged_provisionally_then_resolved_or_written_off(tmp_path):
-    led = BudgetLedger(tmp_path / "l.sqlite")
+def test_uncertain_attempts_are_charged_provisionally_then_resolved_or_written_off(ledger_at):
+    led = BudgetLedger(ledger_at("l"))
     g, _ = led.reserve_many([("B1", "B1/0", f"p{i}", 0.50, 100) for i in range(4)], budget_usd=10, token_budget=None)
     led.settle_many(
         [
@@ -377,8 +376,8 @@ def test_uncertain_attempts_are_charged_provisionally_then_resolved_or_written_o
     led.close()
 
 
-def test_an_orphan_whose_generation_id_arrived_is_settled_later(tmp_path):
-    path = tmp_path / "l.sqlite"
+def test_an_orphan_whose_generation_id_arrived_is_settled_later(ledger_at):
+    path = ledger_at("l")
     dead = BudgetLedger(path)
     g, _ = dead.reserve_many([("B1", "B1/0", f"p{i}", 0.40, 100) for i in range(3)], budget_usd=10, token_budget=None)
     dead.note_generation_ids([(g[0], "gen-head-0"), (g[1], "gen-head-1")])  # p2's head never came

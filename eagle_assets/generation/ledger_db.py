@@ -1,0 +1,313 @@
+"""Where the ledger's tables live: one SQLite file (the embedded default) or PostgreSQL (several hosts).
+
+The ledger writes its SQL once, in what both engines speak: ``?`` placeholders, ``ON CONFLICT``,
+``RETURNING``, ``COALESCE(SUM(...), 0)``, and the portable types ``INTEGER``/``REAL``/``TEXT`` in its DDL.
+This module owns only what differs between them:
+
+- connecting (a path or ``sqlite:///path``, else ``postgresql://…``), with the password never shown;
+- the write transaction: every writer is serialized, as admission needs (it reads everything open and
+  decides on it). SQLite does it with ``BEGIN IMMEDIATE``; PostgreSQL with a transaction-scoped advisory
+  lock taken first in every write transaction, so no two hosts ever decide on the same snapshot;
+- DDL types: PostgreSQL's ``INTEGER`` is 32-bit and its ``REAL`` 4 bytes, where the ledger stores nano-dollars
+  (a $100 budget is 10¹¹) and moment sums: they become ``BIGINT`` and ``DOUBLE PRECISION``;
+- the clock: leases expire on the database's clock, the one clock every host shares.
+"""
+
+import re
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import urlsplit, urlunsplit
+
+POSTGRES_SCHEMES = ("postgresql", "postgres")
+# Any 64-bit number will do; it only has to be the same in every process that opens the ledger.
+LEDGER_LOCK_KEY = 0x6561676C65  # "eagle"
+
+
+class DatabaseConfigError(ValueError):
+    """The database setting names nothing this ledger can open."""
+
+
+class Cursor(Protocol):
+    rowcount: int
+
+    def execute(self, sql: str, params: Any = ...) -> "Cursor": ...
+    def executemany(self, sql: str, rows: Any) -> Any: ...
+    def fetchone(self) -> Any: ...
+    def fetchall(self) -> list[Any]: ...
+    def __iter__(self) -> Iterator[Any]: ...
+
+
+def redact_url(url: str) -> str:
+    """The URL with any password replaced, for logs and errors (the password must never appear)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparseable database URL>"
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username or ''}:***@{parts.hostname or ''}{f':{parts.port}' if parts.port else ''}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def is_postgres_url(location: str | Path) -> bool:
+    return isinstance(location, str) and location.split(":", 1)[0].lower() in POSTGRES_SCHEMES
+
+
+def sqlite_path(location: str | Path) -> Path:
+    """A plain path, or ``sqlite:///relative`` / ``sqlite:////absolute`` as SQLAlchemy spells them."""
+    if isinstance(location, Path):
+        return location
+    if location.startswith("sqlite:"):
+        rest = location[len("sqlite:") :]
+        if not rest.startswith("///"):
+            raise DatabaseConfigError(f"a SQLite URL is sqlite:///path, got {location!r}")
+        return Path(rest[3:])
+    if "://" in location:
+        scheme = location.split("://", 1)[0]
+        raise DatabaseConfigError(
+            f"database URL scheme {scheme!r} is not supported: use postgresql://… or a SQLite path"
+            f" ({redact_url(location)})"
+        )
+    return Path(location)
+
+
+class LedgerDatabase:
+    """One connection, shared by a process's threads under a lock; every write is serialized across processes."""
+
+    kind: str
+    now_sql: str  # an SQL expression: the database's clock, in seconds since the epoch
+    description: str  # where it is, safe to log
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+
+    # --- what each backend provides -----------------------------------------------------------
+    @contextmanager
+    def tx(self) -> Iterator[Cursor]:
+        """A write transaction that no other process's write transaction overlaps."""
+        raise NotImplementedError
+        yield  # pragma: no cover
+
+    @contextmanager
+    def read(self) -> Iterator[Cursor]:
+        """Plain reads, each statement on its own (committed data), serialized with this process's writes."""
+        raise NotImplementedError
+        yield  # pragma: no cover
+
+    def columns(self, cur: Cursor, table: str) -> set[str]:
+        raise NotImplementedError
+
+    def ddl(self, statement: str) -> str:
+        return statement
+
+    def another(self) -> "LedgerDatabase":
+        """A second connection to the same database (a heartbeat thread must not wait behind the loop's lock)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    # --- shared -------------------------------------------------------------------------------
+    def create_schema(self, schema: str, added_columns: dict[str, dict[str, str]], indexes: str = "") -> None:
+        """Create what is missing, under the write lock so that racing first openers agree."""
+        with self.tx() as cur:
+            for statement in _statements(schema):
+                cur.execute(self.ddl(statement))
+            for table, cols in added_columns.items():
+                have = self.columns(cur, table)
+                for name, decl in cols.items():
+                    if name not in have:
+                        cur.execute(self.ddl(f"ALTER TABLE {table} ADD COLUMN {name} {decl}"))
+            for statement in _statements(indexes):
+                cur.execute(self.ddl(statement))
+
+
+def _statements(script: str) -> list[str]:
+    return [s.strip() for s in script.split(";") if s.strip()]
+
+
+class SQLiteLedgerDatabase(LedgerDatabase):
+    kind = "sqlite"
+    now_sql = "((julianday('now') - 2440587.5) * 86400.0)"
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path = path
+        self.description = f"SQLite {path}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(path, timeout=60.0, isolation_level=None, check_same_thread=False)
+        self._wal()
+        self._db.execute("PRAGMA synchronous=NORMAL")
+
+    def _wal(self) -> None:
+        """Switch to WAL. SQLite answers "locked" at once, without the busy timeout, while another process
+        sets up the same fresh file (B1–B8 starting together): wait for it instead of failing the step."""
+        deadline = time.monotonic() + 60.0
+        while True:
+            try:
+                self._db.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
+
+    @contextmanager
+    def tx(self) -> Iterator[Cursor]:
+        with self._lock:
+            cur = self._db.cursor()
+            cur.execute("BEGIN IMMEDIATE")
+            try:
+                yield cur
+            except BaseException:
+                cur.execute("ROLLBACK")
+                raise
+            cur.execute("COMMIT")
+
+    @contextmanager
+    def read(self) -> Iterator[Cursor]:
+        with self._lock:
+            yield self._db.cursor()
+
+    def columns(self, cur: Cursor, table: str) -> set[str]:
+        return {row[1] for row in cur.execute(f"PRAGMA table_info({table})")}
+
+    def another(self) -> "SQLiteLedgerDatabase":
+        return SQLiteLedgerDatabase(self.path)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+_PLACEHOLDER = re.compile(r"\?")
+_INSERT_VALUES = re.compile(r"^(\s*INSERT\s+INTO\s+[^;]*?\bVALUES\s*)(\((?:\s*\?\s*,)*\s*\?\s*\))\s*$", re.I | re.S)
+
+
+def _split_insert(sql: str) -> tuple[str | None, str]:
+    """``INSERT INTO t (…) VALUES (?,?)`` → (``INSERT INTO t (…) VALUES ``, ``(?,?)``); anything else → (None, '')."""
+    m = _INSERT_VALUES.match(sql)
+    return (m.group(1), m.group(2)) if m else (None, "")
+_PG_TYPES = ((re.compile(r"\bINTEGER\b"), "BIGINT"), (re.compile(r"\bREAL\b"), "DOUBLE PRECISION"))
+
+
+class _PgCursor:
+    """A psycopg cursor that takes the ledger's ``?`` placeholders, sent as PostgreSQL's own ``$n`` (a raw
+    cursor: psycopg parses nothing client-side; each statement is translated once and remembered)."""
+
+    __slots__ = ("_cur", "_sql")
+
+    def __init__(self, cur: Any, sql_cache: dict[str, str]) -> None:
+        self._cur, self._sql = cur, sql_cache
+
+    def _pg(self, sql: str) -> str:
+        out = self._sql.get(sql)
+        if out is None:
+            numbers = iter(range(1, 1 << 16))
+            out = _PLACEHOLDER.sub(lambda _: f"${next(numbers)}", sql)
+            if len(self._sql) < 512:  # multi-row inserts of every size would fill it otherwise
+                self._sql[sql] = out
+        return out
+
+    def execute(self, sql: str, params: Any = None) -> "_PgCursor":
+        self._cur.execute(self._pg(sql), params)
+        return self
+
+    def executemany(self, sql: str, rows: Any) -> None:
+        """An ``INSERT … VALUES (?, …)`` goes as multi-row statements, one round trip per thousand rows or so
+        (psycopg's ``executemany`` pipelines one statement per row: 6× slower for a chunk of 64)."""
+        rows = list(rows)
+        if not rows:
+            return
+        head, values = _split_insert(sql)
+        if head is None:
+            self._cur.executemany(self._pg(sql), rows)
+            return
+        per = max(1, 30_000 // max(1, len(rows[0])))  # PostgreSQL takes at most 65,535 parameters a statement
+        for i in range(0, len(rows), per):
+            part = rows[i : i + per]
+            self._cur.execute(self._pg(head + ",".join([values] * len(part))), [v for row in part for v in row])
+
+    def fetchone(self) -> Any:
+        return self._cur.fetchone()
+
+    def fetchall(self) -> list[Any]:
+        return self._cur.fetchall()
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._cur.fetchall())
+
+    @property
+    def rowcount(self) -> int:
+        return int(self._cur.rowcount)
+
+
+class PostgresLedgerDatabase(LedgerDatabase):
+    kind = "postgresql"
+    now_sql = "CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)"
+
+    def __init__(self, url: str) -> None:
+        super().__init__()
+        try:
+            import psycopg
+        except ImportError as exc:  # a dependency of the package: only a broken install gets here
+            raise DatabaseConfigError("a PostgreSQL ledger needs psycopg (pip install 'psycopg[binary]')") from exc
+        self.url = url
+        self.description = f"PostgreSQL {redact_url(url)}"
+        try:
+            self._db = psycopg.connect(url, autocommit=True, connect_timeout=30, cursor_factory=psycopg.RawCursor)
+        except psycopg.Error as exc:
+            # libpq's message can quote the connection string; say where, never with what password.
+            raise ConnectionError(
+                f"cannot connect to the ledger database {redact_url(url)}: {type(exc).__name__}"
+                f" ({str(exc).replace(url, redact_url(url)).splitlines()[0] if str(exc) else 'no detail'})"
+            ) from None
+        # SUM over BIGINT is NUMERIC in PostgreSQL; the ledger's arithmetic is in floats and ints, as SQLite's.
+        from psycopg.types.numeric import FloatLoader
+
+        self._db.adapters.register_loader("numeric", FloatLoader)
+        self._sql: dict[str, str] = {}
+
+    @contextmanager
+    def tx(self) -> Iterator[Cursor]:
+        with self._lock, self._db.transaction():
+            cur = self._db.cursor()
+            cur.execute("SELECT pg_advisory_xact_lock($1)", (LEDGER_LOCK_KEY,))
+            yield _PgCursor(cur, self._sql)
+
+    @contextmanager
+    def read(self) -> Iterator[Cursor]:
+        with self._lock:
+            yield _PgCursor(self._db.cursor(), self._sql)
+
+    def columns(self, cur: Cursor, table: str) -> set[str]:
+        rows = cur.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_schema = current_schema()"
+            " AND table_name = ?",
+            (table,),
+        ).fetchall()
+        return {r[0] for r in rows}
+
+    def ddl(self, statement: str) -> str:
+        for pattern, replacement in _PG_TYPES:
+            statement = pattern.sub(replacement, statement)
+        return statement
+
+    def another(self) -> "PostgresLedgerDatabase":
+        return PostgresLedgerDatabase(self.url)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+def open_database(location: str | Path) -> LedgerDatabase:
+    """``postgresql://…`` opens PostgreSQL; a path (or ``sqlite:///path``) opens a SQLite file."""
+    if is_postgres_url(location):
+        return PostgresLedgerDatabase(str(location))
+    return SQLiteLedgerDatabase(sqlite_path(location))
