@@ -12,4 +12,5 @@ python -m pip install -q --upgrade pip
 # The CPU wheel of torch first, so nothing pulls a multi-GB CUDA build.
 python -m pip install -q "torch==2.13.0"
 python -m pip install -q -c constraints.txt -e ".[dev]"
+bash scripts/install_chromium.sh  # where it can; never fails the setup
 echo "eagle-forge installed in $(pwd)/.venv"

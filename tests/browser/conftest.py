@@ -5,8 +5,11 @@ gets a free port of its own. At teardown the whole ``dagster dev`` tree (its pro
 detached simulator it spawned are killed, and on a failing test the page's screenshot, HTML and the
 server log are kept under ``test-artifacts/browser/``.
 
-Needs Debian's ``chromium`` (``apt-get install chromium``) and the ``playwright`` Python package (in the
-``dev`` extras); never ``playwright install``. ``EAGLE_FORGE_SKIP_BROWSER=1`` skips these tests.
+Needs Debian's ``chromium`` (``apt-get install chromium``; ``scripts/setup.sh`` installs it where it can) and
+the ``playwright`` Python package (in the ``dev`` extras); never ``playwright install``. Without Chromium (at
+``EAGLE_FORGE_CHROMIUM``, default ``/usr/bin/chromium``) or Playwright these tests are skipped, with the reason
+in pytest's summary; ``EAGLE_FORGE_SKIP_BROWSER=1`` skips them on purpose. ``EAGLE_FORGE_REQUIRE_BROWSER=1``
+(set by ``.ci/run``) turns every such skip into a failure, so CI always runs them.
 """
 
 import contextlib
@@ -171,26 +174,31 @@ def _kill_by_cmdline(marker: str) -> list[int]:
     return [p.pid for p in victims]
 
 
+REQUIRE_BROWSER = "EAGLE_FORGE_REQUIRE_BROWSER"
+
+
+def browser_unavailable(reason: str) -> None:
+    """Skip (the reason shows in pytest's summary), or fail where these tests must run (CI sets REQUIRE_BROWSER)."""
+    if os.environ.get(REQUIRE_BROWSER) == "1":
+        why = f"browser tests cannot run: {reason} ({REQUIRE_BROWSER}=1: they may not be skipped here)"
+        pytest.fail(why, pytrace=False)
+    pytest.skip(f"browser tests skipped: {reason}")
+
+
 @pytest.fixture(scope="session")
 def chromium_executable() -> str:
     if os.environ.get("EAGLE_FORGE_SKIP_BROWSER") == "1":
-        pytest.skip("EAGLE_FORGE_SKIP_BROWSER=1")
+        browser_unavailable("EAGLE_FORGE_SKIP_BROWSER=1")
     if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
-        pytest.fail(
-            f"browser tests need Chromium at {CHROMIUM}: install it with "
-            "`sudo apt-get install -y --no-install-recommends chromium` (Debian), or point EAGLE_FORGE_CHROMIUM "
-            "at a Chromium binary, or set EAGLE_FORGE_SKIP_BROWSER=1 to skip these tests. "
-            "(Do not run `playwright install`.)",
-            pytrace=False,
+        browser_unavailable(
+            f"no Chromium at {CHROMIUM}. Install it with "
+            "`sudo apt-get install -y --no-install-recommends chromium` (Debian/Ubuntu; scripts/setup.sh does "
+            "where it can), or point EAGLE_FORGE_CHROMIUM at a Chromium binary (never `playwright install`)"
         )
     try:
         import playwright.sync_api  # noqa: F401
     except ImportError:
-        pytest.fail(
-            "browser tests need the playwright package: `pip install -c constraints.txt -e '.[dev]'` "
-            "(or set EAGLE_FORGE_SKIP_BROWSER=1 to skip them)",
-            pytrace=False,
-        )
+        browser_unavailable("the playwright package is missing (`pip install -c constraints.txt -e '.[dev]'`)")
     return CHROMIUM
 
 
