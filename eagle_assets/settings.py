@@ -34,6 +34,18 @@ def ledger_path() -> Path:
     return forge_home() / "state" / "ledger.sqlite"
 
 
+def database_url() -> str:
+    """``EAGLE_FORGE_DATABASE_URL``: the ledger's database when several hosts share one account
+    (``postgresql://user@host/db``; the password from ``PGPASSWORD`` or ``~/.pgpass`` keeps it out of the URL).
+    Empty: the SQLite file ``ledger_path()``, for one machine."""
+    return os.environ.get("EAGLE_FORGE_DATABASE_URL", "").strip()
+
+
+def ledger_location() -> str | Path:
+    """Where the budget ledger lives: the database URL if one is set, else the SQLite file."""
+    return database_url() or ledger_path()
+
+
 def tokenizer_dir(source: str | Path | None = None) -> Path:
     """The Kimi tokenizer folder: ``source``, else ``$EAGLE_FORGE_TOKENIZER``, else the bundled copy."""
     from eagle_assets.tokenization.tokenizer_source import resolve_tokenizer_dir

@@ -134,10 +134,10 @@ def sync_shard_partitions(instance: dg.DagsterInstance, keys: Sequence[str]) -> 
 
 
 def dataset_spend_usd(names: Sequence[str]) -> dict[str, float]:
-    path = settings.ledger_path()
-    if not path.is_file():
+    location = settings.ledger_location()
+    if isinstance(location, Path) and not location.is_file():
         return {}
-    ledger = BudgetLedger(path)
+    ledger = BudgetLedger(location)
     try:
         return {n: ledger.totals(n).usd_spent for n in names}
     finally:

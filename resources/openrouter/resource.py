@@ -96,6 +96,11 @@ class OpenRouterResource(ConfigurableResource):
         " rest of the budget stays for the next run (0: spend it all, in ever smaller waves)",
     )
     ledger_path: str = Field("", description="Ledger SQLite file; default $EAGLE_FORGE_HOME/state/ledger.sqlite")
+    database_url: str = Field(
+        "",
+        description="Ledger database shared by several hosts (postgresql://user@host/db; pass it as an EnvVar,"
+        " or keep the password in PGPASSWORD/.pgpass); empty = $EAGLE_FORGE_DATABASE_URL, else ledger_path",
+    )
     tokenizer_path: str = Field(
         "",
         description="Kimi tokenizer for prompt-cost estimates: a folder, a Hub repo id (moonshotai/Kimi-K2.5) or"
@@ -166,6 +171,10 @@ class OpenRouterResource(ConfigurableResource):
     def ledger_file(self) -> Path:
         return Path(self.ledger_path) if self.ledger_path else forge_settings.ledger_path()
 
+    def ledger_location(self) -> str | Path:
+        """The database URL (this resource's, else the environment's), else the SQLite file."""
+        return self.database_url.strip() or forge_settings.database_url() or self.ledger_file()
+
     def client(self) -> OpenRouterClient:
         return OpenRouterClient(
             self.base_url,
@@ -200,7 +209,7 @@ class OpenRouterResource(ConfigurableResource):
         """Dollars that could be spent now: the account cap in force (the key's limit, else the account's
         credits where /credits answers), capped by the budget's headroom."""
         self.ensure_server()
-        ledger = BudgetLedger(self.ledger_file(), policy=self.generation_settings().admission)
+        ledger = BudgetLedger(self.ledger_location(), policy=self.generation_settings().admission)
         try:
             headroom = self.budget_usd - ledger.totals().usd_spent - ledger.open_held_usd()
         finally:
@@ -257,7 +266,8 @@ class OpenRouterResource(ConfigurableResource):
 
     async def _run(self, job: PartitionJob, log: logging.Logger | Any) -> PartitionReport:
         tokenizer = load_kimi_tokenizer(self.tokenizer_path or forge_settings.tokenizer_dir())
-        ledger = BudgetLedger(self.ledger_file())
+        ledger = BudgetLedger(self.ledger_location())
+        log.info(f"budget ledger: {ledger.location}")
         try:
             async with self.client() as client:
                 table = await self.provider_table(client, log, any(p.tools for p in job.prompts))
