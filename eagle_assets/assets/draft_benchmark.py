@@ -251,7 +251,8 @@ def run_serving(
         sets, sources = load_prompt_sets(config, names, context.log.info)
     except (SettingsError, PromptSetError, ValueError, OSError) as exc:
         raise _fail(f"{serving.backend} benchmark not started: {exc}") from exc
-    run_dir = settings.forge_home() / "draft" / "benchmarks" / f"{time.strftime('%Y%m%d-%H%M%S')}-{context.run.run_id[:8]}"
+    stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{context.run.run_id[:8]}"
+    run_dir = settings.forge_home() / "draft" / "benchmarks" / stamp
     settings_md = {
         "backend": serving.backend,
         "num_steps": spec.num_steps,

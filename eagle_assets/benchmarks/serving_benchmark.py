@@ -19,7 +19,6 @@ import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from eagle_assets.benchmarks.formatting import Render
 from eagle_assets.benchmarks.prompt_sets import Conversation
@@ -288,7 +287,3 @@ def run_serving_benchmark(
                 journal.path,
             ) from cause
     return ServingRun(combine(draft_passes, baseline_passes), version, servers, journal.path)
-
-
-def describe(run: ServingRun) -> dict[str, Any]:
-    return {"engine_version": run.engine_version, "servers": run.servers, "journal": str(run.journal)}

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from eagle_assets.benchmarks.acceptance import AcceptanceTally, TauDefinition, sum_tallies
+from eagle_assets.benchmarks.acceptance import AcceptanceTally
 from eagle_assets.benchmarks.formatting import Render, prompt_ids
 from eagle_assets.benchmarks.prompt_sets import Conversation
 
@@ -154,19 +154,3 @@ async def run_pass(
         raise PassInterrupted(exc, result) from exc
     result.wall_s = time.perf_counter() - start
     return result
-
-
-def tally_from_records(
-    records: Sequence[RequestRecord], num_steps: int, definition: TauDefinition
-) -> AcceptanceTally | None:
-    """Acceptance summed from journaled per-request counts (SGLang); None when the records carry none."""
-    if not records or any(r.verifications is None for r in records):
-        return None
-    return sum_tallies(
-        (
-            AcceptanceTally(num_steps, definition, r.verifications or 0, r.accepted, r.reached, r.completion_tokens)
-            for r in records
-        ),
-        num_steps,
-        definition,
-    )
