@@ -101,6 +101,10 @@ def report_metadata(report: PartitionReport) -> dict[str, dg.MetadataValue]:
         "output_tokens_this_run": dg.MetadataValue.int(report.output_tokens),
         "spent_usd_this_run": dg.MetadataValue.float(round(report.spent_usd, 6)),
         "discarded_usd_disallowed_provider": dg.MetadataValue.float(round(report.discarded_usd, 6)),
+        # Attempts that may have been billed: charged provisionally, settled from /generation when it knows.
+        "uncertain_usd_this_run": dg.MetadataValue.float(round(report.uncertain_usd, 6)),
+        "uncertain_attempts_pending": dg.MetadataValue.int(report.uncertain_pending),
+        "settled_earlier_usd": dg.MetadataValue.float(round(report.settled_earlier_usd, 6)),
         "requests": dg.MetadataValue.int(report.requests),
         "requests_per_s": dg.MetadataValue.float(round(report.requests / max(report.elapsed_s, 1e-9), 2)),
         "peak_in_flight": dg.MetadataValue.int(report.peak_in_flight),

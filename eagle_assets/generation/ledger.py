@@ -824,14 +824,17 @@ class BudgetLedger:
         with self._tx() as cur:
             cur.executemany("UPDATE reservations SET generation_id = ? WHERE id = ?", rows)
 
-    def due_uncertain(self, now: float, limit: int = 200, claim_s: float = 30.0) -> list[UncertainAttempt]:
-        """Claim up to ``limit`` attempts whose lookup is due: their next lookup moves ``claim_s`` ahead, so
-        that processes settling at once do not all look the same ids up."""
+    def due_uncertain(
+        self, now: float, limit: int = 200, claim_s: float = 30.0, due_by: float | None = None
+    ) -> list[UncertainAttempt]:
+        """Claim up to ``limit`` attempts whose lookup is due by ``due_by`` (default ``now``): their next
+        lookup moves ``claim_s`` past ``now``, so that processes settling at once do not all look the same
+        ids up."""
         with self._tx() as cur:
             rows = cur.execute(
                 "SELECT generation_id, spend_id, dataset, partition, prompt_id, provisional_usd, charged_at, lookups,"
                 " next_lookup FROM uncertain WHERE next_lookup <= ? ORDER BY next_lookup LIMIT ?",
-                (now, limit),
+                (now if due_by is None else due_by, limit),
             ).fetchall()
             cur.executemany(
                 "UPDATE uncertain SET next_lookup = ? WHERE generation_id = ?", [(now + claim_s, r[0]) for r in rows]

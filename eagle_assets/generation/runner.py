@@ -17,6 +17,7 @@ passes before the next requests go out.
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import time
@@ -33,15 +34,22 @@ from eagle_assets.generation.journal import Journal
 from eagle_assets.generation.ledger import BudgetLedger, Denial, Reservation, ReservationRequest, Settlement
 from eagle_assets.generation.records import skipped_record, success_record
 from eagle_assets.generation.retry_policy import RetryPolicy
+from eagle_assets.generation.settlement import LazySettler, SettlementSchedule
 from resources.openrouter.account import read_account_cap
-from resources.openrouter.outcomes import Action, RawResponse, classify, generation_id_of
+from resources.openrouter.outcomes import Action, Outcome, RawResponse, classify, generation_id_of
 from resources.openrouter.providers import ProviderTable
 
 log = logging.getLogger(__name__)
 
 
 class ChatClient(Protocol):
-    async def chat_completion(self, payload: dict[str, Any], *, idle_timeout_s: float | None = None) -> RawResponse: ...
+    async def chat_completion(
+        self,
+        payload: dict[str, Any],
+        *,
+        idle_timeout_s: float | None = None,
+        on_generation_id: Callable[[str], None] | None = None,
+    ) -> RawResponse: ...
     async def key_info(self) -> dict[str, Any]: ...
     async def credits(self) -> dict[str, Any]: ...
 
@@ -78,6 +86,8 @@ class GenerationSettings:
     # ``stream_idle_timeout_s`` is abandoned as stalled instead of waiting for the request timeout.
     stream: bool = False
     stream_idle_timeout_s: float = 60.0
+    # Attempts that may have been billed are charged provisionally and settled from /generation later.
+    settlement: SettlementSchedule = field(default_factory=SettlementSchedule)
 
     def __post_init__(self) -> None:
         if self.budget_usd < 0:
@@ -119,7 +129,11 @@ class PartitionReport:
     stop_detail: str = ""
     spent_usd: float = 0.0  # this run, all kinds
     discarded_usd: float = 0.0
-    uncertain_usd: float = 0.0  # charged for attempts that may have been billed (timeouts, drops, torn bodies)
+    # Charged for attempts that may have been billed (timeouts, drops, torn bodies, partial answers ending in
+    # an error): provisionally, less what /generation said they cost once it knew (``settlement``).
+    uncertain_usd: float = 0.0
+    settled_earlier_usd: float = 0.0  # given back this run on attempts charged by earlier or other runs
+    uncertain_pending: int = 0  # this run's attempts still unsettled at its end (a later run settles them)
     output_tokens: int = 0
     requests: int = 0
     elapsed_s: float = 0.0
@@ -193,6 +207,7 @@ class PartitionRunner:
         self._credits_allowed = True
         self._spent_at_poll = 0.0
         self._tasks: set[asyncio.Task[None]] = set()
+        self._settler = LazySettler(ledger, getattr(client, "generation", None), settings.settlement, self.emit)
 
     # --- cost model ---------------------------------------------------------------------------
     def prompt_usd(self, prompt: Prompt) -> float:
@@ -243,6 +258,7 @@ class PartitionRunner:
                 if r.get("reservation_id")
             }
             self.report.refunded_orphans_usd = self.ledger.correct_orphans(self.job.key, actual)
+            await self._settle_earlier()  # orphans of killed runs, attempts earlier runs left uncertain
             pending = [p for p in self.job.prompts if p.prompt_id not in journal]
             self.report.already_done = self.report.total - len(pending)
             self._spent_at_poll = self.ledger.totals().usd_spent
@@ -250,20 +266,22 @@ class PartitionRunner:
             committer = asyncio.create_task(self._committer(journal))
             reporter = asyncio.create_task(self._progress_loop(start))
             poller = asyncio.create_task(self._key_loop())
+            settling = asyncio.create_task(self._settler.run())
             try:
                 await self._dispatch(pending)
                 if self._tasks:
                     await asyncio.gather(*self._tasks)
                 await self._commit_q.join()
             finally:
-                for t in (reporter, poller):
+                for t in (reporter, poller, settling):
                     t.cancel()
                 for t in self._tasks:
                     t.cancel()
-                await asyncio.gather(reporter, poller, *self._tasks, return_exceptions=True)
+                await asyncio.gather(reporter, poller, settling, *self._tasks, return_exceptions=True)
                 await self._commit_q.join()
                 committer.cancel()
                 await asyncio.gather(committer, return_exceptions=True)
+        await self._settle_at_end()
         self.report.elapsed_s = time.monotonic() - start
         if self._commit_error is not None:
             raise self._commit_error
@@ -496,7 +514,11 @@ class PartitionRunner:
             await self.limiter.acquire()
             self.report.peak_in_flight = max(self.report.peak_in_flight, self.limiter.in_flight)
             try:
-                raw = await self.client.chat_completion(payload, idle_timeout_s=self._idle_timeout)
+                raw = await self.client.chat_completion(
+                    payload,
+                    idle_timeout_s=self._idle_timeout,
+                    on_generation_id=functools.partial(self._settler.note, res),
+                )
             finally:
                 self.limiter.release()
             attempts += 1
@@ -539,10 +561,11 @@ class PartitionRunner:
                 await self._commit_q.put((record, res))
                 return
             self.report.errors[out.error_class] += 1
-            if out.action is Action.RETRY and (raw.transport_error is not None or out.error_class == "malformed"):
-                # The request may have been billed (an abandoned request is billed in full): charge what
-                # /generation says or else the worst case, then reserve afresh for the retry.
-                await self._charge_uncertain(res, raw)
+            if out.action is Action.RETRY and self._maybe_billed(raw, out):
+                # The request may have been billed (an abandoned request is billed in full, a partial answer
+                # for what it produced): charge it provisionally, to be settled from /generation by its id
+                # later, and reserve afresh for the retry.
+                self._charge_uncertain(res, raw, out)
                 failures += 1
                 if not self.s.retry.should_retry(failures):
                     self.report.failed += 1
@@ -591,25 +614,56 @@ class PartitionRunner:
                 self._stop("fatal", out.message or out.error_class, abort=True)
             return
 
-    async def _charge_uncertain(self, res: Reservation, raw: RawResponse) -> None:
-        cost: float | None = None
-        gen_id = generation_id_of(raw)  # a torn body's prefix or a stream's first chunk; timeouts have none
-        lookup = getattr(self.client, "generation", None)
-        if gen_id and lookup is not None:
-            for delay in (0.2, 0.5, 1.0, 2.0):
-                try:
-                    data = await lookup(gen_id)
-                except Exception:  # the lookup is best effort; the worst case stands in
-                    data = None
-                if data and data.get("total_cost") is not None:
-                    cost = float(data["total_cost"])
-                    break
-                await asyncio.sleep(delay)
-        if cost is None:
-            cost = res.usd
+    @staticmethod
+    def _maybe_billed(raw: RawResponse, out: Outcome) -> bool:
+        """An attempt whose bill is unknown: no answer came whole (timeout, drop, torn body), or the answer
+        ended in an error after producing output and says no cost (OpenRouter documents only
+        zero-completion answers as free)."""
+        if raw.transport_error is not None or out.error_class == "malformed":
+            return True
+        return out.partial_output and not out.cost_usd
+
+    def _provisional_usd(self, res: Reservation, out: Outcome) -> float:
+        """What an uncertain attempt is charged until /generation answers: its worst case, or for a partial
+        answer whose usage counts its tokens, those at the dearest price (never more than the worst case)."""
+        usage = (out.data or {}).get("usage")
+        if not out.partial_output or not isinstance(usage, dict):
+            return res.usd
+        try:
+            tokens = int(usage.get("completion_tokens") or 0)
+        except (TypeError, ValueError):
+            return res.usd
+        if tokens <= 0:
+            return res.usd
+        priced = res.prompt_usd + tokens * (res.price or self.providers.max_completion_price)
+        return min(res.usd, max(priced, out.cost_usd or 0.0))
+
+    def _charge_uncertain(self, res: Reservation, raw: RawResponse, out: Outcome) -> None:
+        cost = self._provisional_usd(res, out)
         self.report.uncertain_usd += cost
         self.report.spent_usd += cost
-        self.ledger.settle_many([Settlement(res, cost, 0, "uncertain")])
+        # With an id (head, first chunk, body prefix) the charge is provisional until /generation knows it.
+        self._settler.charge(res, cost, generation_id_of(raw))
+
+    async def _settle_earlier(self) -> None:
+        """Before admitting: settle what is due on the ledger (its refunds free budget for this run)."""
+        try:
+            await self._settler.round(all_pending=True)
+        except Exception as exc:  # best effort: the provisional charges stand meanwhile
+            log.warning("%s: settlement of earlier attempts failed: %s", self.job.key, type(exc).__name__)
+
+    async def _settle_at_end(self) -> None:
+        """Look this run's uncertain attempts up once more; what is still unknown waits for a later run."""
+        try:
+            tally = await self._settler.finish()
+        except Exception as exc:  # the provisional charges stand; a later run settles them
+            log.warning("%s: settlement at the end of the run failed: %s", self.job.key, type(exc).__name__)
+            return
+        r = self.report
+        r.uncertain_usd -= tally.refunded_own_usd
+        r.spent_usd -= tally.refunded_own_usd
+        r.settled_earlier_usd = tally.refunded_usd - tally.refunded_own_usd
+        r.uncertain_pending = tally.pending_own
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):

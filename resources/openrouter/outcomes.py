@@ -68,7 +68,7 @@ class Outcome:
     error_class: str  # "ok", "rate_limited", "timeout", ... (a metric label)
     message: str = ""
     retry_after_s: float | None = None
-    data: dict[str, Any] | None = None  # parsed success body
+    data: dict[str, Any] | None = None  # the parsed body of a success (or of an answer that ended in an error)
     cost_usd: float | None = None  # ``usage.cost`` (billed even when the data is not kept); None: not given
     partial_output: bool = False  # an error after output: may have been billed, settle from /generation
 
@@ -386,7 +386,12 @@ def classify(raw: RawResponse, now: float | None = None) -> Outcome:
         err = choice.get("error") if isinstance(choice.get("error"), dict) else body.get("error")
         message = str(err.get("message", ""))[:300] if isinstance(err, dict) else ""
         return Outcome(
-            Action.RETRY, "finish_error", message, cost_usd=_usage_cost(body), partial_output=_produced(body, choice)
+            Action.RETRY,
+            "finish_error",
+            message,
+            data=body,
+            cost_usd=_usage_cost(body),
+            partial_output=_produced(body, choice),
         )
     if not isinstance(choice.get("message"), dict):
         return Outcome(Action.RETRY, "malformed", "choice without message")

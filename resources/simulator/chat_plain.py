@@ -115,12 +115,13 @@ class PlainAnswer(ChatCore):
                 done_tokens,
                 prepared.reasoning_tokens,
                 "error",
-                billed=False,
+                billed=True,  # output was produced: only zero-completion answers are free
                 streamed=False,
                 cancelled=False,
                 started=started,
                 generation_s=delay,
             )
+            # The recorded shape says ``cost: 0`` beside the partial output; /generation has what was billed.
             message = {**prepared.message, "content": partial}
             message.pop("tool_calls", None)
             body = self._body(

@@ -146,7 +146,7 @@ class StreamAnswer(ChatCore):
                     done_tokens,
                     prepared.reasoning_tokens,
                     "error",
-                    billed=False,
+                    billed=True,  # billed for the output produced before the error (no usage chunk says so)
                     streamed=True,
                     cancelled=False,
                     started=started,

@@ -81,6 +81,10 @@ class SimulatorHandle:
     def set_workspace_budget(self, amount_usd: float | None) -> None:
         self.call(lambda: self.state.set_workspace_budget(amount_usd))
 
+    def set_generation_window(self, ms: float) -> None:
+        """How long /generation answers 404 after a generation completed, from now on."""
+        self.call(lambda: setattr(self.state, "generation_404_ms", float(ms)))
+
     def stats(self, generations_limit: int | None = None) -> dict[str, Any]:
         return self.call(lambda: self.state.snapshot(generations_limit))
 
@@ -240,6 +244,9 @@ class SimulatorProcess:
     def set_faults(self, faults: FaultConfig | Mapping[str, Any]) -> None:
         body = faults.to_dict() if isinstance(faults, FaultConfig) else dict(faults)
         _http_json(f"{self.root_url}/_sim/faults", body)
+
+    def set_generation_window(self, ms: float) -> None:
+        _http_json(f"{self.root_url}/_sim/generation_window", {"ms": ms})
 
     def terminate(self, timeout: float = 10.0) -> int:
         if self.proc.poll() is None:

@@ -39,6 +39,15 @@ class ControlRoutes:
             return json_response(400, error_body(400, f"bad budget: {exc}"))
         return json_response(200, {"workspace_budget_usd": self.state.workspace_budget})
 
+    async def admin_generation_window(self, request: web.Request) -> web.Response:
+        """How long /generation answers 404 after a generation completed (``{"ms": …}``)."""
+        try:
+            body = orjson.loads(await request.read())
+            self.state.generation_404_ms = max(0.0, float(body["ms"]))
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            return json_response(400, error_body(400, f"bad generation window: {exc}"))
+        return json_response(200, {"generation_404_ms": self.state.generation_404_ms})
+
     async def admin_stats(self, request: web.Request) -> web.Response:
         raw = request.query.get("generations")
         limit = int(raw) if raw is not None and raw.isdigit() else None

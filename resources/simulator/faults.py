@@ -31,7 +31,9 @@ FAULT_NAMES: tuple[str, ...] = (
 
 # Faults answered before any latency: upstream limiters and budget checks refuse at once.
 EARLY_FAULTS = frozenset({"rate_limit", "rate_limit_no_retry_after", "inflight_402"})
-# Faults whose answer carries no usable completion, so nothing is billed even if abandoned.
+# Faults whose answer carries no completion, so nothing is billed even if abandoned. Not
+# ``finish_error``: its partial output is billed (OpenRouter documents only zero-completion answers
+# as free), and so is a stream cut by an error after its first chunks.
 UNBILLED_FAULTS = frozenset(
     {
         "rate_limit",
@@ -40,7 +42,6 @@ UNBILLED_FAULTS = frozenset(
         "server_error",
         "timeout_408",
         "error_body",
-        "finish_error",
         "drop_connection",
     }
 )

@@ -25,6 +25,6 @@ class GenerationLookupRoutes:
         if not gen_id:
             return json_response(400, error_body(400, "Missing required parameter: id"))
         rec = self.state.generations.get(gen_id)
-        if rec is None or (time.monotonic() - rec.completed_at) * 1000 < self.config.generation_404_ms:
+        if rec is None or (time.monotonic() - rec.completed_at) * 1000 < self.state.generation_404_ms:
             return json_response(404, error_body(404, f"Generation {gen_id} not found"))
         return json_response(200, {"data": rec.api_data(self.config.model_permaslug)})

@@ -147,6 +147,7 @@ class SimulatorState:
         self.latency_rng = random.Random(config.seed * 104729 + 3)
         self.bucket: TokenBucket | None = None
         self.workspace_budget: float | None = config.workspace_budget_usd
+        self.generation_404_ms = config.generation_404_ms  # changeable at runtime (``/_sim/generation_window``)
         self.faults = config.faults
         self.set_faults(config.faults)
         self._dirty = False

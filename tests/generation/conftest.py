@@ -13,6 +13,7 @@ from eagle_assets.generation.journal import read_records
 from eagle_assets.generation.ledger import BudgetLedger
 from eagle_assets.generation.retry_policy import RetryPolicy
 from eagle_assets.generation.runner import GenerationSettings, PartitionJob, PartitionReport, PartitionRunner
+from eagle_assets.generation.settlement import SettlementSchedule
 from eagle_assets.settings import tokenizer_dir
 from eagle_assets.tokenization.kimi_tokenizer import load_kimi_tokenizer
 from resources.openrouter.client import OpenRouterClient
@@ -64,6 +65,7 @@ class Harness:
         sampling: dict | None = None,
         stream: bool = False,
         idle_s: float = 1.0,
+        settlement: SettlementSchedule | None = None,
     ) -> PartitionReport:
         settings = GenerationSettings(
             model=model,
@@ -77,6 +79,7 @@ class Harness:
             progress_interval_s=0.5,
             key_poll_interval_s=key_poll_s,
             commit_interval_s=0.01,
+            settlement=settlement or SettlementSchedule(first_lookup_s=0.05, loop_interval_s=0.1, final_wait_s=3.0),
         )
         job = PartitionJob(dataset, shard, prompts, token_budget, self.journal(shard))
         estimator = tokenizer_estimator(load_kimi_tokenizer(tokenizer_dir()))
@@ -105,6 +108,9 @@ class Harness:
 
     def records(self, shard: str = "0000") -> list[dict]:
         return read_records(self.journal(shard))
+
+    def ledger(self) -> BudgetLedger:
+        return BudgetLedger(self.ledger_path)
 
     def ledger_totals(self):
         led = BudgetLedger(self.ledger_path)

@@ -293,7 +293,8 @@ async def test_each_fault_produces_its_documented_outcome(fault):
     elif fault == "finish_error":
         choice = parsed["choices"][0]
         assert status == 200 and choice["finish_reason"] == "error" and choice["error"]["message"]
-        assert parsed["usage"]["cost"] == 0 and billed == 0
+        # Billed for its partial output, though the body says cost 0 (the recorded shape): /generation knows.
+        assert parsed["usage"]["cost"] == 0 and parsed["usage"]["completion_tokens"] > 0 and billed == 1
     elif fault == "truncated_json":
         assert status == 200 and parsed is None and raw.startswith(b'{"id":') and billed == 1
     elif fault == "whitespace_padding":
@@ -308,7 +309,7 @@ async def test_each_fault_produces_its_documented_outcome(fault):
         assert parsed["error"]["metadata"]["limit_source"] == "openrouter_in_flight_budget"
     else:  # pragma: no cover - a new fault needs a line here
         pytest.fail(f"untested fault {fault}")
-    if fault not in ("truncated_json", "whitespace_padding", "disallowed_provider"):
+    if fault not in ("truncated_json", "whitespace_padding", "disallowed_provider", "finish_error"):
         assert billed == 0 and stats["credits"]["usage"] == 0
 
 
@@ -506,7 +507,7 @@ async def test_credits_run_out_then_topup_restores_service():
     assert old_key["data"]["usage"] == pytest.approx(credits["data"]["total_usage"])
 
 
-async def test_abandoned_request_is_billed_in_full_and_errors_are_not():
+async def test_abandoned_request_is_billed_in_full_and_partial_errors_for_their_output():
     with simulator(latency=LatencyConfig.fixed(0.8)) as sim:
         async with aiohttp.ClientSession() as s:
             body = payload("I will not wait for this")
@@ -525,7 +526,9 @@ async def test_abandoned_request_is_billed_in_full_and_errors_are_not():
     assert status == 200 and record["data"]["total_cost"] == pytest.approx(gen["cost"]) and record["data"]["cancelled"]
     assert stats["billed_usd"] == pytest.approx(gen["cost"]) and stats["in_flight"] == 0
     final = sim.stats()
-    assert final["billed_requests"] == 1 and final["by_finish_reason"]["error"] == 1
+    assert final["billed_requests"] == 2 and final["by_finish_reason"]["error"] == 1
+    partial = final["generations"][-1]
+    assert partial["finish_reason"] == "error" and 0 < partial["cost"] < gen["cost"]
 
 
 async def test_generation_lookup_with_not_found_window():
@@ -620,7 +623,7 @@ async def test_streaming_reassembles_to_the_non_streaming_message():
     assert seen_tool_calls
     msg, _, finish, _ = _reassemble(broken)
     assert status == 200 and finish == "error" and msg["error"]["code"] == 502
-    assert sim.stats()["billed_requests"] == 12
+    assert sim.stats()["billed_requests"] == 13  # the stream cut by an error is billed for its first chunks
 
 
 # --------------------------------------------------------------------------------------------
