@@ -14,6 +14,7 @@ from eagle_assets.assets.generation import build_generated_asset
 from eagle_assets.assets.hidden_states import hidden_states
 from eagle_assets.assets.tokens import build_tokenized_asset
 from eagle_assets.datasets.config import load_datasets
+from eagle_assets.k8s_placement import executor_from_env
 from resources.duckdb.resource import DuckDBResource
 from resources.openrouter.configured import openrouter_from_env
 from resources.serving.resource import serving_from_env
@@ -46,6 +47,7 @@ def default_resources() -> dict[str, object]:
 defs = dg.Definitions(
     assets=[*GENERATED, *TOKENIZED, CORPUS, hidden_states, draft_model, draft_benchmark],
     resources=default_resources(),
+    executor=executor_from_env(),  # EAGLE_FORGE_EXECUTOR=k8s: a pod per step (deploy/k8s)
     sensors=[
         build_credits_sensor(GENERATED),
         build_training_sensor(

@@ -55,7 +55,7 @@ def build_credits_sensor(
                 run_key=f"topup-{decision.cursor.epoch}:{key.to_user_string()}:{p}",
                 asset_selection=[key],
                 partition_key=p,
-                tags={"eagle-forge/trigger": "credits-topup"},
+                tags={"eagle-forge/trigger": "credits-topup", "eagle-forge/pool": "openrouter"},
             )
             for key, parts in pending.items()
             for p in parts

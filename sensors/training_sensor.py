@@ -42,7 +42,7 @@ def build_training_sensor(
                     run_key=decision.run_key,
                     run_config=dict(run_config or {}),
                     asset_selection=selection,
-                    tags={"eagle-forge/trigger": "hidden_states"},
+                    tags={"eagle-forge/trigger": "hidden_states", "eagle-forge/pool": "gpu"},
                 )
             ]
         )

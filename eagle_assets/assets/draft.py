@@ -21,6 +21,7 @@ from eagle_assets import settings
 from eagle_assets.assets.draft_benchmark import BenchmarkConfig
 from eagle_assets.assets.hidden_states import GPU_POOL, GPU_TAGS, HIDDEN_STATES_KEY, hidden_states_root
 from eagle_assets.corpus.tokenized_schema import EOT_ID
+from eagle_assets.k8s_placement import gpu_step_tags
 from resources.serving.resource import ServingEngineResource
 from resources.target.resource import TargetModelResource
 
@@ -164,7 +165,7 @@ def training_command(config_path: Path, nproc: int) -> list[str]:
     group_name=DRAFT_GROUP,
     pool=GPU_POOL,
     tags=DRAFT_TAGS,
-    op_tags=DRAFT_TAGS,
+    op_tags={**DRAFT_TAGS, **gpu_step_tags()},
     kinds={"pytorch", "safetensors"},
     description="The EAGLE-3 draft trained on the train split's hidden states (Pipes subprocess, torchrun for "
     "several GPUs), exported as one folder (export/) that SGLang and vLLM both load.",
@@ -224,7 +225,7 @@ def draft_model(
     group_name=DRAFT_GROUP,
     pool=GPU_POOL,
     tags=DRAFT_TAGS,
-    op_tags=DRAFT_TAGS,
+    op_tags={**DRAFT_TAGS, **gpu_step_tags()},
     kinds={"pytorch"},
     description="Acceptance length of the exported draft. In process (the default; the tiny target): a greedy "
     "speculative-decoding loop on held-out prompts against an untrained draft. Through SGLang or vLLM (the serving "

@@ -17,6 +17,7 @@ from eagle_assets.datasets.prompts import load_prompts
 from eagle_assets.durable_files import atomic_write_bytes
 from eagle_assets.generation.partition_output import write_partition_parquet
 from eagle_assets.generation.runner import PartitionJob, PartitionReport
+from eagle_assets.k8s_placement import cpu_step_tags
 from resources.duckdb.resource import DuckDBResource
 from resources.openrouter.resource import OpenRouterResource
 
@@ -172,6 +173,7 @@ def build_generated_asset(spec: DatasetSpec) -> dg.AssetsDefinition:
         check_specs=check_specs(generated_asset_key(spec.name), GENERATED_CHECKS, blocking=False),
         kinds={"openrouter", "parquet"},
         tags={"eagle-forge/stage": "generation", "eagle-forge/dataset": spec.name},
+        op_tags=cpu_step_tags(),  # a pod on a CPU node under dagster-k8s (k8s_placement)
         description=f"{spec.name}: target-model responses for {spec.path.name}"
         f"{' (' + spec.description + ')' if spec.description else ''}, {spec.shard_size} prompts/shard.",
     )

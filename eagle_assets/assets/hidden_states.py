@@ -14,6 +14,7 @@ import polars as pl
 
 from eagle_assets import settings
 from eagle_assets.assets.corpus import CORPUS_KEY, CORPUS_SHARDS, shard_file
+from eagle_assets.k8s_placement import gpu_step_tags
 from resources.target.resource import TargetModelResource
 
 HIDDEN_STATES_GROUP = "hidden_states"
@@ -53,7 +54,7 @@ def _progress_logger(context: dg.AssetExecutionContext, every_s: float = 10.0):
     group_name=HIDDEN_STATES_GROUP,
     pool=GPU_POOL,
     tags=GPU_TAGS,
-    op_tags=GPU_TAGS,
+    op_tags={**GPU_TAGS, **gpu_step_tags()},
     kinds={"pytorch", "safetensors"},
     description="Per corpus shard: the target's low/mid/high auxiliary hidden states and last hidden state "
     "for every token, as safetensors shards with an index (bf16 by default). Runs on the GPU host.",
