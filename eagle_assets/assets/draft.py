@@ -206,11 +206,17 @@ def draft_model(
     latest = latest_export_dir()
     publish_export(out / "export", latest)
     result = completed.get_materialize_result()
+    # What the export found about how the engines will serve it (eagle_assets/draft/export.py), in the UI.
+    forge = json.loads((latest / "export" / "config.json").read_text()).get("eagle_forge", {})
+    for warning in forge.get("warnings", []):
+        context.log.warning(f"export {latest / 'export'}: {warning}")
     return dg.MaterializeResult(
         metadata={
             **(result.metadata or {}),
             "run_dir": dg.MetadataValue.path(str(out)),
             "export": dg.MetadataValue.path(str(latest / "export")),
+            "export_warnings": dg.MetadataValue.json(forge.get("warnings", [])),
+            "embedding_served_by": dg.MetadataValue.json(forge.get("embedding_served_by", {})),
             "train_samples": dg.MetadataValue.int(len(store)),
             "train_tokens": dg.MetadataValue.int(store.n_tokens),
             "hidden_state_shards": dg.MetadataValue.json(shards),

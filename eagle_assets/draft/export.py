@@ -33,7 +33,9 @@ target's, frozen: 2.3 GB for Kimi in bf16 saved). A draft trained with its own o
 exports it; vLLM then keeps it (it shares the target's only when the draft has none or an identical one).
 SGLang replaces the draft's embedding with the target's whenever ``target_hidden_size == hidden_size`` and
 keeps the draft's only when they differ; a draft whose widths differ must therefore carry its embedding,
-which ``Eagle3Config`` enforces.
+which ``Eagle3Config`` enforces. A draft as wide as its target with its own embedding is served by the two
+engines as two different drafts: ``export_draft`` warns, and ``config.json`` records whose embedding each
+engine serves (``eagle_forge.embedding_served_by``) and why (``eagle_forge.warnings``).
 
 Serving (chain drafting, 3 steps / 4 draft tokens as in the public Kimi numbers), the same folder for both::
 
@@ -52,9 +54,11 @@ Serving (chain drafting, 3 steps / 4 draft tokens as in the public Kimi numbers)
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import uuid
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +74,7 @@ FORMAT_VERSION = 2
 FILE_MODE = 0o644
 DIR_MODE = 0o755
 _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+log = logging.getLogger(__name__)
 
 
 def engine_layer_ids(hf_indices: tuple[int, ...], engine: str) -> list[int]:
@@ -88,6 +93,35 @@ def hf_layer_ids(ids: list[int], engine: str) -> tuple[int, ...]:
     if engine == "vllm":
         return tuple(ids)
     raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+
+
+class EngineEmbeddingWarning(UserWarning):
+    """SGLang and vLLM would serve this export with different embeddings: two different drafts."""
+
+
+def engine_embedding_sources(config: Eagle3Config) -> dict[str, str]:
+    """Whose embedding each engine serves the exported draft with: ``"draft"`` (the folder's) or ``"target"``.
+
+    SGLang's EAGLE worker calls ``set_embed`` with the target's embedding unless ``target_hidden_size`` differs
+    from ``hidden_size``, whatever the folder holds; vLLM keeps the draft's own when the folder has one.
+    """
+    return {
+        "sglang": "draft" if config.target_hidden_size != config.hidden_size else "target",
+        "vllm": "draft" if config.save_embeddings else "target",
+    }
+
+
+def embedding_divergence(config: Eagle3Config) -> str | None:
+    """Why the engines would serve different drafts from this config, or None when they agree."""
+    sources = engine_embedding_sources(config)
+    if sources["sglang"] == sources["vllm"]:
+        return None
+    return (
+        f"the draft carries its own embedding (embed_tokens.weight) and is as wide as its target "
+        f"(hidden_size = target_hidden_size = {config.hidden_size}): SGLang serves it with the target's embedding "
+        "instead (set_embed), vLLM with its own, so the two engines serve different drafts. Train with the "
+        "target's embedding (embeddings.kind = target), or expect SGLang's acceptance to differ from vLLM's"
+    )
 
 
 def export_config(config: Eagle3Config, *, dtype: torch.dtype = torch.bfloat16) -> dict[str, Any]:
@@ -129,6 +163,8 @@ def export_config(config: Eagle3Config, *, dtype: torch.dtype = torch.bfloat16) 
             },
             "target_num_hidden_layers": config.target_num_layers or None,
             "embed_tokens_included": config.save_embeddings,
+            "embedding_served_by": engine_embedding_sources(config),
+            "warnings": [w for w in (embedding_divergence(config),) if w],
         },
     }
 
@@ -160,8 +196,17 @@ def _export_tensors(model: Eagle3Draft, dtype: torch.dtype) -> dict[str, torch.T
 
 
 def export_draft(model: Eagle3Draft, out_dir: str | Path, *, dtype: torch.dtype = torch.bfloat16) -> Path:
-    """Write ``config.json`` + ``model.safetensors``; replaces an existing folder only once the new one is complete."""
+    """Write ``config.json`` + ``model.safetensors``; replaces an existing folder only once the new one is complete.
+
+    A draft the two engines would serve differently (``embedding_divergence``) is still exported, with an
+    ``EngineEmbeddingWarning`` and the reason in ``config.json``'s ``eagle_forge.warnings``.
+    """
     from safetensors.torch import save_file
+
+    divergence = embedding_divergence(model.config)
+    if divergence:
+        log.warning("exporting to %s: %s", out_dir, divergence)
+        warnings.warn(divergence, EngineEmbeddingWarning, stacklevel=2)
 
     out = Path(out_dir).expanduser().absolute()
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from eagle_assets.draft.vocab import DraftVocab
+from eagle_assets.hidden_states.layers import validate_aux_layer_ids
 
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -75,6 +76,9 @@ class Eagle3Config:
                 f"build fc with {N_AUX_LAYERS} x target_hidden_size inputs, so any other count exports a draft "
                 "that fails to load (fc shape mismatch)"
             )
+        # The same rule as the hidden-state store (sorted, each once, 1..N-1): a draft trained or exported with
+        # (3, 3, 3), (4, 3, 2) or (-1, 3, 5) would be served features it never saw.
+        validate_aux_layer_ids(self.aux_layer_ids, self.target_num_layers or None)
         if self.target_hidden_size != self.hidden_size and not self.save_embeddings:
             raise ValueError(
                 f"target_hidden_size {self.target_hidden_size} != hidden_size {self.hidden_size}: the draft's "

@@ -41,6 +41,30 @@ def default_hf_indices(num_layers: int) -> tuple[int, int, int]:
     return (2, num_layers // 2, num_layers - 3)
 
 
+def validate_aux_layer_ids(ids: Iterable[int], num_layers: int | None) -> tuple[int, ...]:
+    """The HF indices as a tuple, or a ValueError that names what is wrong with them.
+
+    Strictly increasing (low → high, each layer once: a repeated layer is a feature the draft never gets), and
+    each in ``1 .. N-1``: index 0 is the embedding output (SGLang would need id -1) and index N is after the final
+    norm (see the module docstring). ``num_layers`` None (a draft config that does not know its target): only
+    ``>= 1`` is checked.
+    """
+    idx = tuple(int(i) for i in ids)
+    if not idx:
+        raise ValueError("at least one aux layer is needed")
+    convention = "HF output_hidden_states indices: i = input of decoder layer i"
+    top = "N-1" if num_layers is None else str(num_layers - 1)
+    for i in idx:
+        if i < 1 or (num_layers is not None and i > num_layers - 1):
+            where = "" if num_layers is None else f" of a {num_layers}-layer target"
+            raise ValueError(f"aux layer index {i} outside 1..{top}{where} in {list(idx)} ({convention})")
+    if list(idx) != sorted(idx):
+        raise ValueError(f"aux layers must be ordered low → high, got {list(idx)} ({convention})")
+    if len(set(idx)) != len(idx):
+        raise ValueError(f"aux layers must differ (each layer once), got {list(idx)}: a repeated layer adds no feature")
+    return idx
+
+
 @dataclass(frozen=True)
 class AuxLayers:
     """The low/mid/high feature layers of one target, canonical as HF indices."""
@@ -49,18 +73,7 @@ class AuxLayers:
     num_layers: int
 
     def __post_init__(self) -> None:
-        idx = tuple(int(i) for i in self.hf_indices)
-        object.__setattr__(self, "hf_indices", idx)
-        if not idx:
-            raise ValueError("at least one aux layer is needed")
-        for i in idx:
-            if not 0 <= i < self.num_layers:
-                raise ValueError(
-                    f"aux layer index {i} outside [0, {self.num_layers - 1}] for a {self.num_layers}-layer target "
-                    "(HF output_hidden_states convention: 0 = embeddings, i = input of decoder layer i)"
-                )
-        if list(idx) != sorted(idx):
-            raise ValueError(f"aux layers must be ordered low → high, got {list(idx)}")
+        object.__setattr__(self, "hf_indices", validate_aux_layer_ids(self.hf_indices, self.num_layers))
 
     @classmethod
     def default(cls, num_layers: int) -> AuxLayers:

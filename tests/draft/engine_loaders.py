@@ -15,7 +15,8 @@ SGLang (``python/sglang/srt/models/llama_eagle3.py`` and ``llama.py``, model run
   - ``load_weights``: ``d2t`` becomes ``hot_token_id = d2t + arange``, ``t2d`` is skipped, ``q/k/v_proj`` and
     ``gate/up_proj`` go into their fused shards, a name is tried as is and then with ``model.`` in front,
     and a name that matches no parameter is **silently dropped**; shapes are asserted by the loaders;
-  - ``set_embed``: the target's embedding replaces the draft's unless ``target_hidden_size != hidden_size``;
+  - ``set_embed``: the target's embedding replaces the draft's unless ``target_hidden_size != hidden_size``
+    (a folder's own ``embed_tokens.weight`` is then ignored while vLLM serves it: ``check_export`` reports that);
   - layers: only ``eagle_config["eagle_aux_hidden_state_layer_ids"]`` is read, and each id gets ``+1``
     (``set_eagle3_layers_to_capture``); no ids: ``[2, N // 2, N - 3]``. Layer ``i`` is captured at its input.
 
@@ -535,7 +536,25 @@ def check_export(folder: str | Path, trained_hf_layers: Sequence[int], target_nu
                 f"{engine} captures the inputs of layers {list(loads[engine].captured_hf_layers)}, "
                 f"the draft was trained on {list(trained_hf_layers)}"
             )
+    problems += embedding_disagreement(loads, has_embedding="embed_tokens.weight" in weights)
     return FolderCheck(loads, problems)
+
+
+def embedding_disagreement(loads: Mapping[str, EngineLoad], *, has_embedding: bool) -> list[str]:
+    """The folder carries the draft's own embedding, and some engine serves the target's instead.
+
+    SGLang's ``set_embed`` replaces it whenever the draft is as wide as its target; vLLM keeps it. Each engine
+    loads the folder without complaint, yet they serve two different drafts: a problem, not an "ok".
+    """
+    ignoring = sorted(e for e, load in loads.items() if load.embedding_source == "target")
+    if not has_embedding or not ignoring:
+        return []
+    keeping = sorted(set(loads) - set(ignoring))
+    return [
+        f"{' and '.join(ignoring)} would serve the target's embedding in place of the folder's embed_tokens.weight "
+        "(SGLang's set_embed whenever hidden_size == target_hidden_size)"
+        + (f", {' and '.join(keeping)} the draft's own: the engines serve different drafts" if keeping else "")
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

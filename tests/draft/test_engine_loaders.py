@@ -7,13 +7,14 @@ only in ``max_position_embeddings`` 262144). Only the keys the loaders read are 
 """
 
 import json
+import warnings
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 from transformers import DeepseekV3Config, PretrainedConfig
 
-from eagle_assets.draft.export import export_config, export_draft, load_draft
+from eagle_assets.draft.export import EngineEmbeddingWarning, export_config, export_draft, load_draft
 from eagle_assets.draft.model import Eagle3Config, Eagle3Draft
 from eagle_assets.draft.target import HFTargetFeatures, load_target_embeddings
 from eagle_assets.draft.train_cli import run
@@ -28,6 +29,7 @@ from tests.draft.engine_loaders import (
     load_folder,
     project_state_dict,
 )
+from tests.draft.engine_loaders import main as engine_loaders_main
 from tests.draft.helpers import TINY_AUX, TINY_LAYERS, small_config, tiny_llama
 
 PUBLISHED_KIMI_K2_DRAFT = {
@@ -248,10 +250,16 @@ def test_a_draft_with_its_own_embedding_exports_it(tmp_path):
     folder = tmp_path / "run" / "export"
     exported = load_file(str(folder / "model.safetensors"))
     assert torch.equal(exported["embed_tokens.weight"], trainer.model.embed_tokens.weight)
-    assert check_export(folder, (1, 2, 3), 8).problems == []
-    # vLLM keeps a draft's own embedding; SGLang swaps in the target's whenever the widths are equal
+    # vLLM keeps a draft's own embedding; SGLang swaps in the target's whenever the widths are equal ...
     assert load_folder(folder, "vllm", 8).embedding_source == "draft"
     assert load_folder(folder, "sglang", 8).embedding_source == "target"
+    # ... so the two engines serve different drafts: reported, and recorded in the folder by the export
+    (problem,) = check_export(folder, (1, 2, 3), 8).problems
+    assert problem.startswith("sglang would serve the target's embedding in place of the folder's embed_tokens")
+    assert "vllm the draft's own: the engines serve different drafts" in problem
+    forge = json.loads((folder / "config.json").read_text())["eagle_forge"]
+    assert forge["embedding_served_by"] == {"sglang": "target", "vllm": "draft"}
+    assert len(forge["warnings"]) == 1 and "SGLang serves it with the target's embedding" in forge["warnings"][0]
 
 
 def test_a_narrower_draft_must_carry_its_embedding(tmp_path):
@@ -271,3 +279,52 @@ def test_a_narrower_draft_must_carry_its_embedding(tmp_path):
     problems = check_export(folder, (1, 2, 3), 8).problems
     assert any("sglang left model.embed_tokens.weight" in p for p in problems)
     assert any(p.startswith("vllm would take the target's embedding") for p in problems)
+
+
+def test_the_cli_reports_a_draft_the_engines_would_serve_with_different_embeddings(tmp_path, capsys):
+    torch.manual_seed(0)
+    own = Eagle3Draft(small_config(aux_layer_ids=(2, 30, 58), target_num_layers=61, save_embeddings=True))
+    with pytest.warns(EngineEmbeddingWarning, match="the two engines serve different drafts"):
+        folder = export_draft(own, tmp_path / "own", dtype=torch.float32)
+    assert engine_loaders_main([str(folder), "--trained-layers", "2,30,58", "--target-layers", "61"]) == 1
+    out, err = capsys.readouterr()
+    assert out.splitlines()[-1] == "1 problem(s)" and "ok" not in out.splitlines()
+    assert "PROBLEM: sglang would serve the target's embedding in place of the folder's embed_tokens" in err
+    # the same draft with the target's embedding (none in the folder) is served alike by both: "ok", no warning
+    shared = Eagle3Draft(small_config(aux_layer_ids=(2, 30, 58), target_num_layers=61))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", EngineEmbeddingWarning)
+        folder = export_draft(shared, tmp_path / "shared", dtype=torch.float32)
+    assert engine_loaders_main([str(folder), "--trained-layers", "2,30,58", "--target-layers", "61"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "ok"
+    assert json.loads((folder / "config.json").read_text())["eagle_forge"]["warnings"] == []
+
+
+@pytest.mark.parametrize(
+    ("ids", "why"),
+    [((3, 3, 3), "must differ"), ((4, 3, 2), "ordered low → high"), ((-1, 3, 5), "outside 1..60")],
+)
+def test_aux_layer_ids_are_validated_on_the_export_and_training_path(tmp_path, ids, why):
+    with pytest.raises(ValueError, match=why):
+        small_config(aux_layer_ids=ids, target_num_layers=61)
+    # an export whose config.json was edited by hand is refused when loaded back ...
+    draft = Eagle3Draft(small_config(aux_layer_ids=(2, 30, 58), target_num_layers=61))
+    folder = export_draft(draft, tmp_path / "d", dtype=torch.float32)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["eagle_forge"]["aux_layers"]["hf_indices"] = list(ids)
+    _rewrite(folder, config=cfg)
+    with pytest.raises(ValueError, match=why):
+        load_draft(folder, embed_weight=torch.zeros(128, 32))
+    # ... and a training run asked for such layers never starts
+    cfg = {
+        "seed": 0,
+        "model": {**small_config().to_dict(), "aux_layer_ids": list(ids), "target_num_layers": 61},
+        "embeddings": {"kind": "synthetic"},
+        "vocab": {"kind": "identity"},
+        "data": {"kind": "synthetic", "n_samples": 4, "length": [8, 10]},
+        "train": {"lr": 1e-3, "batch_size": 2, "max_steps": 1, "ttt_steps": 1},
+        "output_dir": str(tmp_path / "run"),
+        "log_every": 0,
+    }
+    with pytest.raises(ValueError, match=why):
+        run(cfg, device=torch.device("cpu"))

@@ -7,7 +7,7 @@ import torch
 from safetensors import safe_open
 
 from eagle_assets.draft.data import SyntheticDataset, collate
-from eagle_assets.draft.export import export_draft, load_draft
+from eagle_assets.draft.export import EngineEmbeddingWarning, export_draft, load_draft
 from eagle_assets.draft.model import Eagle3Draft
 from eagle_assets.draft.ttt import TTTAttention
 from eagle_assets.draft.vocab import vocab_from_samples
@@ -121,7 +121,8 @@ def test_rope_base_in_both_spellings(tmp_path):
 
 def test_embeddings_saved_only_when_configured(tmp_path):
     m, _ = _model(save_embeddings=True)
-    out = export_draft(m, tmp_path / "with", dtype=torch.float32)
+    with pytest.warns(EngineEmbeddingWarning, match="SGLang serves it with the target's embedding"):
+        out = export_draft(m, tmp_path / "with", dtype=torch.float32)
     r = load_draft(out)
     assert torch.equal(r.embed_tokens.weight, m.embed_tokens.weight)
     m2, _ = _model()

@@ -67,6 +67,9 @@ def test_sensor_trains_and_benchmarks_the_draft(tmp_path, forge_home):
         assert md["steps"].value == 12 and md["train_samples"].value == 19
         assert "data:image/png;base64," in md["loss_curve"].value
         assert len(md["final_acc_per_step"].value) == 3
+        # trained with the target's embedding: both engines serve the same draft, nothing to warn about
+        assert md["export_warnings"].value == []
+        assert md["embedding_served_by"].value == {"sglang": "target", "vllm": "target"}
         logs = [e.message for e in instance.all_logs(r.run_id) if e.message]
         assert any("step 4: loss" in m for m in logs)  # streamed from the subprocess while it trained
         # One folder for both engines (export-vllm is only an alias of it), loaded as each engine loads it:
