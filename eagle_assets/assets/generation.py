@@ -11,10 +11,11 @@ import dagster as dg
 
 from eagle_assets import settings
 from eagle_assets.assets.checks import GENERATED_CHECKS, check_results, check_specs
+from eagle_assets.assets.dataset_metadata import input_metadata
 from eagle_assets.corpus.validation import run_generated_checks
 from eagle_assets.datasets.config import DatasetSpec
-from eagle_assets.datasets.prompts import load_prompts
 from eagle_assets.durable_files import atomic_write_bytes
+from eagle_assets.generation.partition_inputs import partition_inputs
 from eagle_assets.generation.partition_output import write_partition_parquet
 from eagle_assets.generation.runner import PartitionJob, PartitionReport
 from eagle_assets.k8s_placement import cpu_step_tags
@@ -126,20 +127,24 @@ def run_generation(
     context: dg.AssetExecutionContext, spec: DatasetSpec, openrouter: OpenRouterResource, duckdb: DuckDBResource
 ) -> dg.MaterializeResult:
     shard = context.partition_key
-    prompts, problems = load_prompts(spec.path)
+    inputs = partition_inputs(spec, shard, settings.forge_home() / "state" / "datasets", context.log.info)
+    problems = inputs.shard.problems
+    context.log.info(
+        f"{spec.name}/{shard}: {inputs.source.description}, format {inputs.format.describe()},"
+        f" regenerate={inputs.mode}: {len(inputs.shard.conversations)} of {inputs.shard.rows} rows usable,"
+        f" {inputs.requests} requests; whole set {inputs.scan.usable:,} of {inputs.scan.rows:,} usable"
+        f" (rejected: {inputs.scan.rejected_text()})"
+    )
     for p in problems[:MAX_LOGGED_PROBLEMS]:
-        context.log.warning(f"skipping malformed prompt row {p}")
+        context.log.warning(f"skipping unusable prompt row {p}")
     if len(problems) > MAX_LOGGED_PROBLEMS:
-        context.log.warning(f"... and {len(problems) - MAX_LOGGED_PROBLEMS} more malformed rows in {spec.path}")
-    lo, hi = spec.shard_range(shard)
-    shard_prompts = [p for p in prompts if lo <= p.index < hi]
+        context.log.warning(f"... and {len(problems) - MAX_LOGGED_PROBLEMS} more unusable rows in this shard")
     journal, parquet = partition_paths(spec.name, shard)
-    job = PartitionJob(spec.name, shard, shard_prompts, spec.output_token_budget, journal)
+    job = PartitionJob(spec.name, shard, inputs.prompts, spec.output_token_budget, journal, chains=inputs.chains)
     report = openrouter.run_partition(job, context.log)
     context.log.info(report.summary())
     allowed = record_allowed_providers(spec.name, shard, report.allowed_providers)
-    meta = report_metadata(report)
-    meta["malformed_rows_in_file"] = dg.MetadataValue.int(len(problems))
+    meta = {**input_metadata(inputs), **report_metadata(report)}
     if report.stop_reason in ("budget", "credits"):
         raise dg.Failure(
             description=f"budget exhausted — {report.done} of {report.total} prompts done, resumable "
@@ -155,7 +160,14 @@ def run_generation(
             metadata=meta,
             allow_retries=False,
         )
-    meta["rows"] = dg.MetadataValue.int(write_partition_parquet(journal, parquet))
+    meta["rows"] = dg.MetadataValue.int(rows := write_partition_parquet(journal, parquet))
+    if rows == 0:
+        raise dg.Failure(
+            description=f"{spec.name}/{shard}: all {report.total} requests ended without an answer to keep"
+            f" (errors: {dict(report.errors) or 'none'}); nothing to train on",
+            metadata=meta,
+            allow_retries=False,
+        )
     meta["path"] = dg.MetadataValue.path(str(parquet))
     meta["native_counts_fetched"] = dg.MetadataValue.int(fetch_native_counts(parquet, spec.name, shard, openrouter))
     outcomes = run_generated_checks(parquet, allowed, duckdb.settings())
@@ -174,7 +186,7 @@ def build_generated_asset(spec: DatasetSpec) -> dg.AssetsDefinition:
         kinds={"openrouter", "parquet"},
         tags={"eagle-forge/stage": "generation", "eagle-forge/dataset": spec.name},
         op_tags=cpu_step_tags(),  # a pod on a CPU node under dagster-k8s (k8s_placement)
-        description=f"{spec.name}: target-model responses for {spec.path.name}"
+        description=f"{spec.name}: target-model responses for {spec.source_label}"
         f"{' (' + spec.description + ')' if spec.description else ''}, {spec.shard_size} prompts/shard.",
     )
     def _generated(

@@ -1,24 +1,32 @@
-"""Read prompt files (JSONL or Parquet of OpenAI-style ``messages``) into validated prompt rows.
+"""Rows of a prompt source → validated conversations and the prompts sent for them.
 
 A bad row must not sink a 500k-prompt file: it is reported with file and line and the rest is
 kept. Prompt ids are given by the file or derived from the content, so they stay stable across
 reruns, which is what makes skipping finished prompts safe.
 """
 
-import contextlib
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
-import polars as pl
 
-VALID_ROLES = {"system", "user", "assistant", "tool", "developer"}
+from eagle_assets.datasets.file_readers import PromptFileError, RawRow
+from eagle_assets.datasets.formats import VALID_ROLES, RowError, RowFormat, detect_format, read_row
+from eagle_assets.datasets.regeneration import DEFAULT_MODE, single_request, turn_inputs
+from eagle_assets.datasets.sources import ResolvedSource, SourceSpec, resolve_source
 
-
-class PromptFileError(ValueError):
-    """The prompt file is missing or unreadable as a whole."""
+__all__ = [
+    "VALID_ROLES",
+    "Conversation",
+    "Prompt",
+    "PromptFileError",
+    "RowProblem",
+    "content_prompt_id",
+    "conversation_of",
+    "load_prompts",
+]
 
 
 @dataclass(frozen=True)
@@ -27,7 +35,7 @@ class Prompt:
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None
     line: int
-    index: int  # ordinal among the file's non-blank rows: shards are cut on it, so a bad row never shifts them
+    index: int  # ordinal among the source's non-blank rows: shards are cut on it, so a bad row never shifts them
 
 
 @dataclass(frozen=True)
@@ -35,9 +43,35 @@ class RowProblem:
     file: str
     line: int
     problem: str
+    reason: str = "invalid"
+    where: str = ""  # the row's place as the source names it (file:line, or split and row index)
 
     def __str__(self) -> str:
-        return f"{self.file}:{self.line}: {self.problem}"
+        return f"{self.where or f'{self.file}:{self.line}'}: {self.problem}"
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """One usable row: what is asked for it under the dataset's mode.
+
+    ``request`` is the single request of ``last_user``/``first_turn``; ``turns`` the per-turn inputs of
+    ``every_turn`` (see :func:`eagle_assets.datasets.regeneration.turn_inputs`)."""
+
+    conversation_id: str
+    tools: list[dict[str, Any]] | None
+    line: int
+    index: int
+    request: list[dict[str, Any]] | None = None
+    turns: list[list[dict[str, Any]]] | None = None
+
+    @property
+    def turn_count(self) -> int:
+        return len(self.turns) if self.turns is not None else 1
+
+    def prompt(self) -> Prompt:
+        if self.request is None:
+            raise ValueError(f"{self.conversation_id}: an every_turn conversation has no single prompt")
+        return Prompt(self.conversation_id, self.request, self.tools, self.line, self.index)
 
 
 def content_prompt_id(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
@@ -45,81 +79,48 @@ def content_prompt_id(messages: list[dict[str, Any]], tools: list[dict[str, Any]
     return hashlib.sha256(canonical).hexdigest()[:20]
 
 
-def validate_row(row: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None, str | None]:
-    """Return (messages, tools, id) or raise ValueError naming what is wrong."""
-    if not isinstance(row, dict):
-        raise ValueError("row is not a JSON object")
-    messages = row.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise ValueError("'messages' must be a non-empty list")
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict):
-            raise ValueError(f"messages[{i}] is not an object")
-        if m.get("role") not in VALID_ROLES:
-            raise ValueError(f"messages[{i}].role {m.get('role')!r} is not one of {sorted(VALID_ROLES)}")
-        content = m.get("content")
-        if content is not None and not isinstance(content, str | list):
-            raise ValueError(f"messages[{i}].content must be a string, a list of parts or null")
-    if messages[-1].get("role") == "assistant":
-        raise ValueError("the last message is from the assistant: nothing to generate")
-    tools = row.get("tools")
-    if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
-        raise ValueError("'tools' must be a list of objects")
-    pid = row.get("id", row.get("prompt_id"))
-    return messages, tools or None, (str(pid) if pid is not None else None)
+def conversation_of(
+    row: RawRow, fmt: RowFormat, mode: str = DEFAULT_MODE, max_turns: int | None = None
+) -> Conversation:
+    """A stored row → the conversation asked for it, or :class:`RowError` saying why it cannot be used."""
+    read = read_row(row.value, fmt)
+    cid = read.given_id or content_prompt_id(read.messages, read.tools)
+    if mode == "every_turn":
+        return Conversation(cid, read.tools, row.line, row.index, turns=turn_inputs(read.messages, max_turns))
+    return Conversation(cid, read.tools, row.line, row.index, request=single_request(read.messages, mode))
 
 
-def _rows(path: Path) -> list[tuple[int, Any]]:
-    if path.suffix == ".parquet":
-        df = pl.read_parquet(path)
-        out = []
-        for i, rec in enumerate(df.iter_rows(named=True), start=1):
-            for key in ("messages", "tools"):
-                if isinstance(rec.get(key), str):
-                    with contextlib.suppress(orjson.JSONDecodeError):
-                        rec[key] = orjson.loads(rec[key])
-            out.append((i, rec))
-        return out
-    rows = []
-    with path.open("rb") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                rows.append((lineno, orjson.loads(line)))
-            except orjson.JSONDecodeError as exc:
-                rows.append((lineno, exc))
-    return rows
+def load_prompts(
+    path: str | Path, mode: str = DEFAULT_MODE, format: str | None = None
+) -> tuple[list[Prompt], list[RowProblem]]:
+    """Every prompt of a small local file, for tools and tests (the assets read shards lazily instead)."""
+    source = resolve_source(SourceSpec(path=Path(path)))
+    return _prompts_of(source, mode, format)
 
 
-def load_prompts(path: str | Path) -> tuple[list[Prompt], list[RowProblem]]:
-    path = Path(path)
-    if not path.is_file():
-        raise PromptFileError(f"prompt file not found: {path}")
+def _prompts_of(source: ResolvedSource, mode: str, format: str | None) -> tuple[list[Prompt], list[RowProblem]]:
+    columns, sample = source.columns()
+    fmt = detect_format(columns, sample, format)
     prompts: list[Prompt] = []
     problems: list[RowProblem] = []
     seen: set[str] = set()
-    for index, (lineno, row) in enumerate(_rows(path)):
-        if isinstance(row, Exception):
-            problems.append(RowProblem(str(path), lineno, f"invalid JSON: {row}"))
-            continue
+    for row in source.iter_rows():
         try:
-            messages, tools, pid = validate_row(row)
-        except ValueError as exc:
-            problems.append(RowProblem(str(path), lineno, str(exc)))
+            conv = conversation_of(row, fmt, mode)
+        except RowError as exc:
+            problems.append(RowProblem(row.file, row.line, str(exc), exc.reason, source.where(row)))
             continue
-        pid = pid or content_prompt_id(messages, tools)
-        if pid in seen:
-            problems.append(RowProblem(str(path), lineno, f"duplicate prompt id {pid!r} (kept the first)"))
+        if conv.conversation_id in seen:
+            problems.append(
+                RowProblem(
+                    row.file,
+                    row.line,
+                    f"duplicate prompt id {conv.conversation_id!r} (kept the first)",
+                    "duplicate_id",
+                    source.where(row),
+                )
+            )
             continue
-        seen.add(pid)
-        prompts.append(Prompt(pid, messages, tools, lineno, index))
+        seen.add(conv.conversation_id)
+        prompts.append(conv.prompt())
     return prompts, problems
-
-
-def count_rows(path: Path) -> int:
-    """Cheap row count for partition planning (no validation)."""
-    if path.suffix == ".parquet":
-        return pl.scan_parquet(path).select(pl.len()).collect().item()
-    with path.open("rb") as f:
-        return sum(1 for line in f if line.strip())

@@ -81,15 +81,26 @@ def _b4(r: random.Random, i: int) -> dict[str, Any]:
     }
 
 
+FOLLOW_UPS = [
+    "Go deeper, and give an example.",
+    "How would you explain that to a child?",
+    "What is a common misconception about it?",
+    "Summarise our conversation in one sentence.",
+]
+
+
 def _b5(r: random.Random, i: int) -> dict[str, Any]:
+    """A whole conversation, answers included, as published chat sets are: regenerated turn by turn
+    (``regenerate: every_turn`` in datasets.yaml), the set's own answers dropped."""
     t = r.choice(TOPICS)
-    return {
-        "messages": [
-            {"role": "user", "content": f"Tell me one fact about {t}."},
-            {"role": "assistant", "content": f"Here is one: {t} is older than most people think."},
-            {"role": "user", "content": "Go deeper, and give an example."},
-        ]
-    }
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": f"Tell me one fact about {t}."},
+        {"role": "assistant", "content": f"Here is one: {t} is older than most people think."},
+    ]
+    for k, follow in enumerate(r.sample(FOLLOW_UPS, 1 + i % 2)):
+        messages.append({"role": "user", "content": follow})
+        messages.append({"role": "assistant", "content": f"(the set's answer {k + 2} about {t})"})
+    return {"messages": messages}
 
 
 def _b6(r: random.Random, i: int) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from eagle_assets.generation.ledger import BudgetLedger, Denial, Reservation, Re
 from eagle_assets.generation.records import skipped_record, success_record
 from eagle_assets.generation.retry_policy import RetryPolicy
 from eagle_assets.generation.settlement import LazySettler, SettlementSchedule
+from eagle_assets.generation.turn_chains import TurnChains
 from resources.openrouter.account import read_account_cap
 from resources.openrouter.outcomes import Action, Outcome, RawResponse, classify, generation_id_of
 from resources.openrouter.providers import ProviderTable
@@ -109,10 +110,16 @@ class PartitionJob:
     prompts: list[Prompt]
     token_budget: int
     journal_path: Path
+    chains: TurnChains | None = None  # every_turn: prompts come turn by turn from these (``prompts`` unused)
 
     @property
     def key(self) -> str:
         return f"{self.dataset}/{self.shard}"
+
+    @property
+    def total(self) -> int:
+        """Requests this partition holds: one per prompt, or one per turn of every conversation."""
+        return len(self.prompts) if self.chains is None else self.chains.total
 
 
 @dataclass
@@ -180,7 +187,7 @@ class PartitionRunner:
         self.s = settings
         self.estimate = estimate_prompt_tokens
         self.emit = emit or log.info
-        self.report = PartitionReport(job.key, total=len(job.prompts))
+        self.report = PartitionReport(job.key, total=job.total)
         self.report.allowed_providers = sorted({n for e in providers.allowed for n in (e.provider_name, e.slug)})
         self.limiter = AdaptiveLimiter(settings.max_in_flight, min(settings.min_in_flight, settings.max_in_flight))
         # The ledger decides what a reservation holds and how answers feed the statistics: this run's policy.
@@ -208,11 +215,20 @@ class PartitionRunner:
         self._spent_at_poll = 0.0
         self._tasks: set[asyncio.Task[None]] = set()
         self._settler = LazySettler(ledger, getattr(client, "generation", None), settings.settlement, self.emit)
+        self._queue: deque[Prompt] = deque()  # prompts not yet reserved (every_turn adds next turns to it)
+        self._prompt_tokens: dict[str, int] = {}
 
     # --- cost model ---------------------------------------------------------------------------
+    def prompt_tokens(self, prompt: Prompt) -> int:
+        """The estimate (the exact length as served, where the template renders), once per prompt."""
+        n = self._prompt_tokens.get(prompt.prompt_id)
+        if n is None:
+            n = self._prompt_tokens[prompt.prompt_id] = self.estimate(prompt)
+        return n
+
     def prompt_usd(self, prompt: Prompt) -> float:
         """The prompt's part of the worst case: the estimate with a margin, at the dearest allowed price."""
-        return (self.estimate(prompt) * self.s.reservation_margin + 16) * self.providers.max_prompt_price
+        return (self.prompt_tokens(prompt) * self.s.reservation_margin + 16) * self.providers.max_prompt_price
 
     def _request(self, prompt: Prompt) -> ReservationRequest:
         """What a reservation of this prompt asks for; kept, since a refused prompt is asked for again."""
@@ -259,8 +275,13 @@ class PartitionRunner:
             }
             self.report.refunded_orphans_usd = self.ledger.correct_orphans(self.job.key, actual)
             await self._settle_earlier()  # orphans of killed runs, attempts earlier runs left uncertain
-            pending = [p for p in self.job.prompts if p.prompt_id not in journal]
-            self.report.already_done = self.report.total - len(pending)
+            if self.job.chains is None:
+                pending = [p for p in self.job.prompts if p.prompt_id not in journal]
+                self.report.already_done = self.report.total - len(pending)
+            else:
+                pending, owed = self.job.chains.resume(journal.records)
+                journal.append_many(owed)  # chains that ended at a journaled turn before a crash marked the rest
+                self.report.already_done = self.job.chains.done_count(journal.records)
             self._spent_at_poll = self.ledger.totals().usd_spent
             await self._poll_key(initial=True)
             committer = asyncio.create_task(self._committer(journal))
@@ -286,7 +307,7 @@ class PartitionRunner:
         if self._commit_error is not None:
             raise self._commit_error
         r = self.report
-        r.not_started = r.total - r.done - r.failed
+        r.not_started = r.total - r.done - r.failed - (self.job.chains.turns_after_dead() if self.job.chains else 0)
         if r.stop_reason == "completed" and r.not_started:
             r.stop_reason = "budget"
             r.stop_detail = f"{r.not_started} prompts could not be reserved again for a retry"
@@ -352,6 +373,8 @@ class PartitionRunner:
                     await self._attempts(prompt, res)
                 finally:
                     self._busy -= 1
+                    if self.job.chains is not None:
+                        self.job.chains.attempt_finished(prompt.prompt_id)
         finally:
             self._workers -= 1
             self._wake.set()
@@ -404,12 +427,16 @@ class PartitionRunner:
         will not fit even after everything in flight has settled (``_another_batch_fits``), or fewer fit
         while nothing of this run is in flight: a few requests at a time would each cost a round trip.
         """
-        queue = deque(pending)
+        queue = self._queue
+        queue.extend(pending)
         self._ramp_start = time.monotonic()
         self._lease(len(queue))
         leaser = asyncio.create_task(self._lease_loop(queue))
         try:
-            while queue and not self._stop_admitting.is_set():
+            while (queue or self._turns_coming()) and not self._stop_admitting.is_set():
+                if not queue:
+                    await self._await_next_turns()
+                    continue
                 limit = self._limit_now()
                 # Two to four chunks ready ahead of the workers, so a burst of answers does not find the
                 # queue empty; none at the wall, where every reservation counts.
@@ -422,7 +449,9 @@ class PartitionRunner:
                     continue
                 tail = self._tail_min()
                 size = min(len(queue), room, max(4 * self.s.reserve_chunk, tail))
-                chunk = [queue.popleft() for _ in range(size)]
+                chunk = self._take(queue, size)
+                if not chunk:
+                    continue
                 min_grant = min(tail, size) if self._at_wall else 1
                 granted, denial = self._reserve(chunk, min_grant)
                 for p in reversed(chunk[len(granted) :]):
@@ -471,6 +500,52 @@ class PartitionRunner:
                 self.ledger.release(res)
             self._ready.clear()
             self.ledger.lease_slots(0, self._workers, self.s.max_in_flight)
+
+    def _take(self, queue: deque[Prompt], size: int) -> list[Prompt]:
+        """Up to ``size`` prompts off the queue; one that cannot fit the largest allowed context with ``max_tokens``
+        is refused here, before it is reserved or sent (OpenRouter would answer 400 and bill nothing, but a
+        3 MB prompt is still a 3 MB upload per attempt), and journaled as skipped."""
+        limit = self.providers.max_context_length
+        out: list[Prompt] = []
+        while queue and len(out) < size:
+            p = queue.popleft()
+            if limit is not None and (n := self.prompt_tokens(p)) + self.s.max_tokens > limit:
+                self.report.errors["prompt_too_long"] += 1
+                detail = f"prompt of {n:,} tokens + max_tokens {self.s.max_tokens:,} exceeds the context ({limit:,})"
+                self._commit_q.put_nowait((skipped_record(p, "prompt_too_long", detail, 0), None))
+                continue
+            out.append(p)
+        return out
+
+    def _turns_coming(self) -> bool:
+        return self.job.chains is not None and self.job.chains.open > 0
+
+    async def _await_next_turns(self) -> None:
+        """every_turn, nothing queued: the next turns come with the answers now in flight. Once none is in
+        flight, the commits still queued are awaited; a turn that ended with no record ends its chain."""
+        chains = self.job.chains
+        assert chains is not None
+        self._staff()
+        if chains.running:
+            await self._wait_wake(0.25)
+            return
+        await self._commit_q.join()
+        if not self._queue and not chains.running:
+            chains.reap()
+
+    def _advance_chains(self, batch: list[tuple[dict[str, Any], Reservation | None]]) -> None:
+        """every_turn: each journaled turn releases its conversation's next one (first in line, so conversations
+        finish rather than all stopping half-way at a token target), or marks the rest as not asked."""
+        chains = self.job.chains
+        if chains is None:
+            return
+        for record, _ in batch:
+            nxt, owed = chains.on_committed(record)
+            for r in owed:
+                self._commit_q.put_nowait((r, None))
+            if nxt is not None:
+                self._queue.appendleft(nxt)
+                self._wake.set()
 
     def _reserve(self, prompts: list[Prompt], min_grant: int = 1) -> tuple[list[Reservation], Denial | None]:
         """Reserve, in order, as many prompts as the budgets and the account's remaining credit allow.
@@ -686,6 +761,7 @@ class PartitionRunner:
             try:
                 if self._commit_error is None:
                     await asyncio.to_thread(self._commit, journal, batch)
+                    self._advance_chains(batch)
             except Exception as exc:
                 self._commit_error = exc
                 self._stop("fatal", f"journal/ledger commit failed: {type(exc).__name__}: {exc}", abort=True)

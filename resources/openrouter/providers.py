@@ -43,6 +43,7 @@ class Endpoint:
     max_completion_tokens: int | None
     status: int
     supported_parameters: tuple[str, ...] | None = None  # None: not listed
+    context_length: int | None = None  # prompt + max_tokens must fit (OpenRouter answers 400 otherwise)
 
     @property
     def slug(self) -> str:
@@ -99,6 +100,14 @@ def _price(value: Any) -> float:
     return max(0.0, price)  # "-1" marks variable pricing (routers); never a negative cost
 
 
+def _positive_or_none(value: Any) -> int | None:
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        return None
+    return n if n > 0 else None
+
+
 def parse_endpoints(payload: dict[str, Any]) -> list[Endpoint]:
     out = []
     for ep in (payload.get("data") or {}).get("endpoints") or []:
@@ -119,6 +128,7 @@ def parse_endpoints(payload: dict[str, Any]) -> list[Endpoint]:
                 max_completion_tokens=ep.get("max_completion_tokens"),
                 status=status,
                 supported_parameters=tuple(str(p) for p in params) if isinstance(params, list) else None,
+                context_length=_positive_or_none(ep.get("context_length")),
             )
         )
     return out
@@ -235,6 +245,14 @@ class ProviderTable:
     @property
     def max_completion_price(self) -> float:
         return max(e.completion_price for e in self.allowed)
+
+    @property
+    def max_context_length(self) -> int | None:
+        """The largest context an allowed endpoint takes (routing picks one that fits); None when one is unlisted."""
+        lengths = [e.context_length for e in self.allowed]
+        if not lengths or any(n is None for n in lengths):
+            return None
+        return max(n for n in lengths if n is not None)
 
     def price_of(self, provider_name: str | None) -> tuple[float, float]:
         """Prices to charge a response by when it carries no cost: its provider's dearest serving

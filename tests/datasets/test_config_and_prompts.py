@@ -41,6 +41,15 @@ def test_default_config_declares_b1_to_b8_with_samples(tmp_path, monkeypatch):
         ("datasets:\n  B1: {path: 'sample:B99'}\n", "unknown sample set"),
         ("datasets: [\n", "not valid YAML"),
         ("nothing: here\n", "'datasets' must map"),
+        ("datasets:\n  B1: {path: x.jsonl, regenrate: every_turn}\n", "unknown key 'regenrate'"),
+        ("datasets:\n  B1: {path: x.jsonl, regenerate: all}\n", "regenerate must be one of last_user"),
+        ("defaults: {shard: 5}\ndatasets:\n  B1: {path: x.jsonl}\n", "defaults: unknown key 'shard'"),
+        ("datasets:\n  B1: {path: x.jsonl}\nextra: 1\n", "unknown key 'extra'"),
+        ("datasets:\n  B1: {path: x.jsonl, format: csv}\n", "format must be one of openai"),
+        ("datasets:\n  B1: {path: x.jsonl, columns: {question: q}}\n", r"unknown field\(s\) \['question'\]"),
+        ("datasets:\n  B1: {path: x.jsonl, split: train}\n", "apply to Hub datasets"),
+        ("datasets:\n  B1: {path: 'hf:no-slash'}\n", "not a Hub dataset id"),
+        ("datasets:\n  B1: {path: x.jsonl, max_bad_fraction: 2}\n", r"max_bad_fraction must be a number in \[0, 1\]"),
     ],
 )
 def test_config_errors_name_the_file_and_entry(tmp_path, text, message):
@@ -48,6 +57,31 @@ def test_config_errors_name_the_file_and_entry(tmp_path, text, message):
     with pytest.raises(DatasetConfigError, match=message) as exc:
         load_datasets(path)
     assert str(path) in str(exc.value) or "sample" in message
+
+
+def test_hub_entries_and_reading_settings(tmp_path):
+    path = write_yaml(
+        tmp_path,
+        "defaults: {regenerate: every_turn, max_turns: 4}\n"
+        "datasets:\n"
+        "  U: {path: 'hf:HuggingFaceH4/ultrachat_200k', revision: 8049631, split: train_sft, shard_size: 500}\n"
+        "  S: {path: sharegpt.jsonl.zst, format: sharegpt, order: file, seed: 3, regenerate: last_user}\n"
+        "  G: {path: gsm.parquet, format: prompt, columns: {prompt: question, id: task_id}}\n",
+    )
+    specs = load_datasets(path)
+    u, s, g = specs["U"], specs["S"], specs["G"]
+    assert u.path is None and u.source.hub.repo_id == "HuggingFaceH4/ultrachat_200k"
+    assert (u.source.hub.revision, u.source.hub.split, u.regenerate, u.max_turns) == (
+        "8049631",
+        "train_sft",
+        "every_turn",
+        4,
+    )
+    assert s.path == tmp_path / "sharegpt.jsonl.zst" and s.format == "sharegpt" and s.order == "file"
+    assert s.regenerate == "last_user" and s.seed == 3
+    assert dict(g.columns) == {"prompt": "question", "id": "task_id"} and g.source_label == str(
+        tmp_path / "gsm.parquet"
+    )
 
 
 def test_unknown_dataset_and_missing_file(tmp_path):
@@ -58,6 +92,7 @@ def test_unknown_dataset_and_missing_file(tmp_path):
     assert specs["B1"].shard_keys() == ["0000"]  # a placeholder shard; the run itself says what is missing
     with pytest.raises(PromptFileError, match="prompt file not found"):
         load_prompts(specs["B1"].path)
+    assert specs["B1"].regenerate == "last_user" and specs["B1"].order == "shuffled"
 
 
 def test_malformed_rows_are_reported_with_file_and_line_and_the_rest_kept(tmp_path):
@@ -78,16 +113,19 @@ def test_malformed_rows_are_reported_with_file_and_line_and_the_rest_kept(tmp_pa
     ]
     f.write_bytes(b"\n".join(lines) + b"\n")
     prompts, problems = load_prompts(f)
-    assert prompts[0].prompt_id == "a" and len(prompts) == 2
-    assert [p.line for p in prompts] == [1, 9]
-    assert [p.index for p in prompts] == [0, 7]  # ordinals skip the blank line: shards never shift
-    by_line = {p.line: p.problem for p in problems}
-    assert set(by_line) == {2, 3, 4, 5, 7, 8}
-    assert "invalid JSON" in by_line[2] and "non-empty list" in by_line[3] and "role 'robot'" in by_line[4]
-    assert "last message is from the assistant" in by_line[5] and "duplicate prompt id 'a'" in by_line[7]
+    assert [p.prompt_id for p in prompts][:2] == ["a", "d"] and len(prompts) == 3
+    assert [p.line for p in prompts] == [1, 5, 9]
+    assert [p.index for p in prompts] == [0, 4, 7]  # ordinals skip the blank line: shards never shift
+    # A row that ends with the assistant has that answer regenerated (last_user): it is cut after the user.
+    assert prompts[1].messages == [{"role": "user", "content": "q"}]
+    by_line = {p.line: p for p in problems}
+    assert set(by_line) == {2, 3, 4, 7, 8}
+    assert "invalid JSON" in by_line[2].problem and "empty list" in by_line[3].problem
+    assert "role 'robot'" in by_line[4].problem and "duplicate prompt id 'a'" in by_line[7].problem
+    assert {p.reason for p in problems} == {"invalid_json", "empty", "unknown_role", "duplicate_id", "bad_tools"}
     assert all(str(f) in str(p) for p in problems)
     # A content-derived id is stable across reads.
-    assert load_prompts(f)[0][1].prompt_id == prompts[1].prompt_id
+    assert load_prompts(f)[0][2].prompt_id == prompts[2].prompt_id
 
 
 def test_parquet_prompt_files(tmp_path):

@@ -14,6 +14,7 @@ from eagle_assets.generation.ledger import BudgetLedger
 from eagle_assets.generation.retry_policy import RetryPolicy
 from eagle_assets.generation.runner import GenerationSettings, PartitionJob, PartitionReport, PartitionRunner
 from eagle_assets.generation.settlement import SettlementSchedule
+from eagle_assets.generation.turn_chains import TurnChains
 from eagle_assets.settings import tokenizer_dir
 from eagle_assets.tokenization.kimi_tokenizer import load_kimi_tokenizer
 from resources.openrouter.client import OpenRouterClient
@@ -66,6 +67,7 @@ class Harness:
         stream: bool = False,
         idle_s: float = 1.0,
         settlement: SettlementSchedule | None = None,
+        chains: TurnChains | None = None,
     ) -> PartitionReport:
         settings = GenerationSettings(
             model=model,
@@ -81,7 +83,7 @@ class Harness:
             commit_interval_s=0.01,
             settlement=settlement or SettlementSchedule(first_lookup_s=0.05, loop_interval_s=0.1, final_wait_s=3.0),
         )
-        job = PartitionJob(dataset, shard, prompts, token_budget, self.journal(shard))
+        job = PartitionJob(dataset, shard, prompts, token_budget, self.journal(shard), chains)
         estimator = tokenizer_estimator(load_kimi_tokenizer(tokenizer_dir()))
         lines: list[str] = []
 

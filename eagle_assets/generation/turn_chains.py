@@ -1,0 +1,181 @@
+"""every_turn conversations as chains of requests: turn k+1 is built from turn k's journaled answer.
+
+The runner asks prompts; this module decides which turn of which conversation is the next prompt.
+A conversation's turn k+1 carries the target's own answers to turns 1..k as its history
+(:func:`eagle_assets.datasets.regeneration.turn_request`), so it only exists once turn k is in the
+journal. Everything is rebuilt from the journal, never from memory: after a crash at turn 3 of 5
+the chain resumes at turn 3 with turns 1 and 2 as they were journaled (none is bought again), and
+each turn's prompt is exactly what was sent for it (its record keeps those messages).
+
+States of a chain: ``running`` (its next turn is queued, reserved or being asked), ``finished``
+(the runner gave up on that turn without an answer: retries exhausted, no headroom for a retry,
+or the run was aborted; it becomes ``dead`` once the commit queue is drained and no record
+arrived), ``done`` (every turn journaled, or the chain stopped early, :func:`chain_end`). A dead
+chain's later turns are not started; the next run asks its failed turn again.
+"""
+
+import time
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from eagle_assets.datasets.prompts import Conversation, Prompt
+from eagle_assets.datasets.regeneration import TURN_SEPARATOR, ChainEnd, chain_end, turn_prompt_id, turn_request
+
+
+def chain_stop_record(prompt_id: str, end: ChainEnd) -> dict[str, Any]:
+    """A later turn that will not be asked, journaled as skipped so the partition can complete."""
+    return {
+        "prompt_id": prompt_id,
+        "status": "skipped",
+        "error_class": end.reason,
+        "message": f"not asked: {end.detail}",
+        "attempts": 0,
+        "at": time.time(),
+    }
+
+
+def split_turn_id(prompt_id: str) -> tuple[str, int] | None:
+    """``<conversation>#t<k>`` → (conversation id, 0-based turn), or None for other ids."""
+    head, sep, tail = prompt_id.rpartition(TURN_SEPARATOR)
+    if not sep or not tail.isdigit() or int(tail) < 1:
+        return None
+    return head, int(tail) - 1
+
+
+@dataclass
+class _Chain:
+    conv: Conversation
+    answers: list[Mapping[str, Any]] = field(default_factory=list)
+    state: str = "waiting"  # waiting (not yet resumed) | running | finished | dead | done
+
+    @property
+    def n(self) -> int:
+        assert self.conv.turns is not None
+        return len(self.conv.turns)
+
+    @property
+    def next_turn(self) -> int:
+        return len(self.answers)
+
+    def prompt(self) -> Prompt:
+        assert self.conv.turns is not None
+        messages = turn_request(self.conv.turns, self.answers)
+        return Prompt(
+            turn_prompt_id(self.conv.conversation_id, self.next_turn),
+            messages,
+            self.conv.tools,
+            self.conv.line,
+            self.conv.index,
+        )
+
+    def turn_ids(self) -> Iterator[str]:
+        return (turn_prompt_id(self.conv.conversation_id, k) for k in range(self.n))
+
+
+class TurnChains:
+    """The every_turn conversations of one partition and where each one stands."""
+
+    def __init__(self, conversations: list[Conversation]) -> None:
+        missing = [c.conversation_id for c in conversations if not c.turns]
+        if missing:
+            raise ValueError(f"conversations without turns cannot be chained: {missing[:5]}")
+        self._chains = {c.conversation_id: _Chain(c) for c in conversations}
+        if len(self._chains) != len(conversations):
+            raise ValueError("conversation ids must be unique within a partition")
+        self.total = sum(ch.n for ch in self._chains.values())
+        self._states: Counter[str] = Counter({"waiting": len(self._chains)})
+
+    def _set(self, ch: _Chain, state: str) -> None:
+        self._states[ch.state] -= 1
+        self._states[state] += 1
+        ch.state = state
+
+    def __len__(self) -> int:
+        return len(self._chains)
+
+    def prompt_ids(self) -> Iterator[str]:
+        for ch in self._chains.values():
+            yield from ch.turn_ids()
+
+    def done_count(self, journaled: Mapping[str, Any] | Any) -> int:
+        return sum(1 for pid in self.prompt_ids() if pid in journaled)
+
+    def resume(self, journaled: Mapping[str, Mapping[str, Any]]) -> tuple[list[Prompt], list[dict[str, Any]]]:
+        """The next turn of every unfinished conversation, from the journal; and the stop records a crash left
+        unwritten (a chain that ended at a journaled turn whose later turns were not yet marked)."""
+        ready: list[Prompt] = []
+        owed: list[dict[str, Any]] = []
+        for ch in self._chains.values():
+            ch.answers = []
+            self._set(ch, "running")
+            for k, pid in enumerate(ch.turn_ids()):
+                rec = journaled.get(pid)
+                if rec is None:
+                    break
+                end = chain_end(rec)
+                if end is not None and k < ch.n - 1:
+                    owed += [chain_stop_record(p, end) for p in list(ch.turn_ids())[k + 1 :] if p not in journaled]
+                    self._set(ch, "done")
+                    break
+                ch.answers.append(rec)
+            if ch.state == "running":
+                if ch.next_turn >= ch.n:
+                    self._set(ch, "done")
+                else:
+                    ready.append(ch.prompt())
+        return ready, owed
+
+    def on_committed(self, record: Mapping[str, Any]) -> tuple[Prompt | None, list[dict[str, Any]]]:
+        """A turn's record is in the journal: the conversation's next turn, or the stop records of its rest."""
+        parsed = split_turn_id(str(record.get("prompt_id", "")))
+        if parsed is None:
+            return None, []
+        ch = self._chains.get(parsed[0])
+        if ch is None or ch.state not in ("running", "finished") or parsed[1] != ch.next_turn:
+            return None, []  # a stop record, or a turn of a chain that already moved on
+        end = chain_end(record)
+        if parsed[1] == ch.n - 1:
+            ch.answers.append(record)
+            self._set(ch, "done")
+            return None, []
+        if end is not None:
+            self._set(ch, "done")
+            return None, [chain_stop_record(p, end) for p in list(ch.turn_ids())[parsed[1] + 1 :]]
+        ch.answers.append(record)
+        self._set(ch, "running")
+        return ch.prompt(), []
+
+    def attempt_finished(self, prompt_id: str) -> None:
+        """The runner is done with this turn; if its record does not come, the chain dies (see ``reap``)."""
+        parsed = split_turn_id(prompt_id)
+        ch = self._chains.get(parsed[0]) if parsed else None
+        if ch is not None and parsed is not None and ch.state == "running" and parsed[1] == ch.next_turn:
+            self._set(ch, "finished")
+
+    def reap(self) -> int:
+        """Call once every queued commit is in: chains whose turn ended without a record are dead."""
+        dead = [ch for ch in self._chains.values() if ch.state == "finished"]
+        for ch in dead:
+            self._set(ch, "dead")
+        return len(dead)
+
+    @property
+    def running(self) -> int:
+        return self._states["running"]
+
+    @property
+    def open(self) -> int:
+        """Chains whose next turn may still come this run."""
+        return self._states["running"] + self._states["finished"]
+
+    def turns_after_dead(self) -> int:
+        """Turns behind a dead chain's failed turn: not started, because that turn failed."""
+        return sum(ch.n - ch.next_turn - 1 for ch in self._chains.values() if ch.state == "dead")
+
+    def turns_per_row(self) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for ch in self._chains.values():
+            out[ch.n] = out.get(ch.n, 0) + 1
+        return dict(sorted(out.items()))
