@@ -79,8 +79,8 @@ class RowFormat:
 
     def describe(self) -> str:
         how = "detected" if self.detected else "configured"
-        renamed = {k: v for k, v in self.columns.items() if k != v}
-        return f"{self.name} ({how}{', columns ' + str(renamed) if renamed else ''})"
+        renamed = "".join(f", {k} from {v}" for k, v in sorted(self.columns.items()) if k != v)
+        return f"{self.name} ({how}{renamed})"
 
 
 @dataclass(frozen=True)

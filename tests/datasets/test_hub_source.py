@@ -178,3 +178,15 @@ def test_offline_after_one_fetch(repo, hf_env):
     never = _child(offline, "hf:acme/ultrachat-mini@0123456789012345678901234567890123456789")
     assert "not in the local Hugging Face cache" in never["error"] and "HF_HUB_OFFLINE" in never["error"]
     assert Path(hf_env / "hub" / "datasets--acme--ultrachat-mini" / "refs" / "main").read_text() == repo.new
+
+
+def test_benchmark_prompt_sets_load_through_this_loader(repo, hf_env, monkeypatch):
+    """The draft benchmark's Hub sets (MT-Bench, GSM8K, HumanEval) are read by this same loader, pinned."""
+    from eagle_assets.benchmarks.hub_sets import load_hub_set
+    from eagle_assets.benchmarks.prompt_sets import HubSet
+
+    with serve_datasets(repo) as (url, _):
+        monkeypatch.setenv("HF_ENDPOINT", url)
+        rows, where = load_hub_set(HubSet("acme/ultrachat-mini", repo.old, None, "train_sft"))
+    assert [r["prompt_id"] for r in rows] == [f"old-{i}" for i in range(10)]
+    assert where == f"acme/ultrachat-mini@{repo.old} (split train_sft, config default)"
