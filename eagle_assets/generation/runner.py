@@ -534,8 +534,8 @@ class PartitionRunner:
             chains.reap()
 
     def _advance_chains(self, batch: list[tuple[dict[str, Any], Reservation | None]]) -> None:
-        """every_turn: each journaled turn releases its conversation's next one (first in line, so conversations
-        finish rather than all stopping half-way at a token target), or marks the rest as not asked."""
+        """every_turn: each journaled turn releases its conversation's next one (at the back of the queue: the
+        dispatcher may hold prompts it took from the front to put back), or marks the rest as not asked."""
         chains = self.job.chains
         if chains is None:
             return
@@ -544,7 +544,7 @@ class PartitionRunner:
             for r in owed:
                 self._commit_q.put_nowait((r, None))
             if nxt is not None:
-                self._queue.appendleft(nxt)
+                self._queue.append(nxt)
                 self._wake.set()
 
     def _reserve(self, prompts: list[Prompt], min_grant: int = 1) -> tuple[list[Reservation], Denial | None]:

@@ -141,3 +141,18 @@ def test_a_prompt_longer_than_the_context_is_refused_before_it_is_sent(harness):
     assert "exceeds the context (2,048)" in recs["huge#t1"]["message"]
     assert report.errors["prompt_too_long"] == 1 and report.complete
     assert harness.sim.stats(0)["requests_received"] == 6  # the long prompt never went out
+
+
+def test_the_token_target_counts_every_turn_and_the_rest_resumes(harness):
+    convs = conversations(10, turns=4, tag="tok")
+    first = harness.run([], chains=TurnChains(convs), max_tokens=400, token_budget=2000, max_in_flight=8)
+    assert first.stop_reason == "tokens" and 0 < first.done < 40, first.summary()
+    done = harness.records()
+    assert first.output_tokens == sum(r["completion_tokens"] for r in done if r["status"] == "ok")
+    assert harness.ledger_totals().tokens_spent == first.output_tokens  # each turn reserved and settled alone
+    assert any(r["prompt_id"].endswith("#t2") for r in done)  # later turns count against the target too
+    rest = harness.run([], chains=TurnChains(convs), max_tokens=400, max_in_flight=8)
+    assert rest.complete and rest.already_done == first.done
+    ids = [r["prompt_id"] for r in harness.records()]
+    assert len(ids) == len(set(ids)) == 40
+    assert harness.sim.stats(0)["hashes_billed_more_than_once"] == []
