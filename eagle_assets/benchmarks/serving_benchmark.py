@@ -105,7 +105,7 @@ def engine_server(
     )
     log(f"{pass_name} pass: starting {plan.engine}: {' '.join(cmd)}")
     with proc:
-        proc.start(plan.startup_timeout_s, plan.health_poll_s)
+        proc.start(plan.startup_timeout_s, plan.health_poll_s, log)
         log(f"{pass_name} pass: {plan.engine} healthy at {launch.base_url} (log {proc.log_path})")
         try:
             yield launch.base_url, proc

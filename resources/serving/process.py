@@ -18,7 +18,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from urllib.parse import urlparse
@@ -81,21 +81,25 @@ class ServerProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.death_note = ""  # how the server stood when a run failed, noted before it is stopped
 
-    def start(self, timeout_s: float, poll_s: float = 1.0) -> ServerProcess:
-        """Spawn the server and return once ``/health`` answers 200; otherwise stop it and raise with its log."""
+    def start(
+        self, timeout_s: float, poll_s: float = 1.0, log: Callable[[str], None] | None = None, every_s: float = 60.0
+    ) -> ServerProcess:
+        """Spawn the server and return once ``/health`` answers 200; otherwise stop it and raise with its log.
+
+        While it loads, ``log`` hears every ``every_s`` how long it has waited and the log's last line."""
         if port_in_use(self.base_url):
             raise ServerStartError(
                 f"{self.name}: something already listens at {self.base_url}; stop it, pick another port, "
                 "or attach to it (the serving resource's url)"
             )
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as log:
-            log.write(f"$ {' '.join(self.command)}\n".encode())
-            log.flush()
+        with self.log_path.open("ab") as out:
+            out.write(f"$ {' '.join(self.command)}\n".encode())
+            out.flush()
             try:
                 self.proc = subprocess.Popen(
                     self.command,
-                    stdout=log,
+                    stdout=out,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
                     env=self.env,
@@ -104,7 +108,9 @@ class ServerProcess:
                 )
             except OSError as exc:
                 raise ServerStartError(f"{self.name}: cannot run {self.command[0]!r}: {exc}") from exc
-        deadline = time.monotonic() + timeout_s
+        started = time.monotonic()
+        deadline = started + timeout_s
+        next_note = started + every_s
         last: int | None = None
         while True:
             code = self.proc.poll()
@@ -122,6 +128,12 @@ class ServerProcess:
                 raise ServerStartError(
                     f"{self.name} was not healthy after {timeout_s:.0f}s ({seen} at {self.health_url}); stopped it. "
                     f"Log {self.log_path}, last lines:\n{log_tail(self.log_path)}"
+                )
+            if log is not None and time.monotonic() >= next_note:
+                next_note += every_s
+                log(
+                    f"{self.name}: not healthy yet after {time.monotonic() - started:.0f}s; "
+                    f"log: {log_tail(self.log_path, 1)}"
                 )
             time.sleep(poll_s)
 

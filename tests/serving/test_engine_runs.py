@@ -218,9 +218,11 @@ def test_a_server_that_never_gets_healthy_is_stopped_at_the_timeout(tmp_path, ta
     fake_behaviour(starting_s=120)
     launch = LaunchSettings(str(target_model), port=free_port(), tp_size=1, launcher=tuple(FAKE_LAUNCHER["sglang"]))
     proc = ServerProcess("sglang", engine_command("sglang", launch, None, None), launch.base_url, tmp_path / "s.log")
+    notes: list[str] = []
     with pytest.raises(ServerStartError, match=r"not healthy after 3s \(HTTP 503") as err:
-        proc.start(3, 0.2)
+        proc.start(3, 0.2, notes.append, every_s=1)
     assert "listening on" in str(err.value)  # the log tail
+    assert notes and "not healthy yet after" in notes[0] and "listening on" in notes[-1]  # progress while loading
     assert not proc.alive() and health_status(launch.base_url + "/health", 1) is None
     # and a port someone else holds is refused before anything is spawned
     fake_behaviour()
