@@ -108,6 +108,16 @@ class ServerProcess:
                 )
             except OSError as exc:
                 raise ServerStartError(f"{self.name}: cannot run {self.command[0]!r}: {exc}") from exc
+        try:
+            return self._wait_healthy(timeout_s, poll_s, log, every_s)
+        except BaseException:
+            self.stop()  # whatever went wrong while waiting (a timeout, Ctrl-C, a failing log callback)
+            raise
+
+    def _wait_healthy(
+        self, timeout_s: float, poll_s: float, log: Callable[[str], None] | None, every_s: float
+    ) -> ServerProcess:
+        assert self.proc is not None
         started = time.monotonic()
         deadline = started + timeout_s
         next_note = started + every_s
@@ -123,7 +133,6 @@ class ServerProcess:
             if last == 200:
                 return self
             if time.monotonic() >= deadline:
-                self.stop()
                 seen = "no answer" if last is None else f"HTTP {last}"
                 raise ServerStartError(
                     f"{self.name} was not healthy after {timeout_s:.0f}s ({seen} at {self.health_url}); stopped it. "

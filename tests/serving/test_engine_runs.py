@@ -223,6 +223,14 @@ def test_a_server_that_never_gets_healthy_is_stopped_at_the_timeout(tmp_path, ta
         proc.start(3, 0.2, notes.append, every_s=1)
     assert "listening on" in str(err.value)  # the log tail
     assert notes and "not healthy yet after" in notes[0] and "listening on" in notes[-1]  # progress while loading
+
+    def interrupted(note: str) -> None:
+        raise KeyboardInterrupt  # anything raised while waiting (Ctrl-C in the UI's process) stops the server
+
+    second = ServerProcess("sglang", proc.command, launch.base_url, tmp_path / "s2.log")
+    with pytest.raises(KeyboardInterrupt):
+        second.start(30, 0.2, interrupted, every_s=0.5)
+    assert not second.alive()
     assert not proc.alive() and health_status(launch.base_url + "/health", 1) is None
     # and a port someone else holds is refused before anything is spawned
     fake_behaviour()
