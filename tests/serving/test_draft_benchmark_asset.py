@@ -39,17 +39,39 @@ def materialize(instance, engine, target_model, config, **raise_kw):
     )
 
 
-def test_sglang_results_settings_and_reference_in_the_metadata(forge_home, target_model, fake_behaviour):
-    fake_behaviour(step_time_s=0.002)
-    with dg.instance_for_test() as instance:
-        r = materialize(instance, "sglang", target_model, {"sets": ["heldout"], "max_new_tokens": 40, "batch_size": 2})
+def test_every_set_from_the_hub_through_sglang_with_settings_and_reference(
+    forge_home, target_model, fake_behaviour, tmp_path, monkeypatch
+):
+    from tests.datasets.fake_dataset_hub import serve_datasets
+    from tests.serving.hub_fixtures import benchmark_repos
+
+    fake_behaviour(step_time_s=0.001)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    limits = {"mtbench_prompts": 2, "gsm8k_prompts": 3, "humaneval_prompts": 2, "num_prompts": 2}
+    with serve_datasets(*benchmark_repos()) as (url, _), dg.instance_for_test() as instance:
+        monkeypatch.setenv("HF_ENDPOINT", url)
+        r = materialize(
+            instance, "sglang", target_model, {**limits, "max_new_tokens": 24, "thinking": False, "batch_size": 2}
+        )
         md = r.asset_materializations_for_node("draft_benchmark")[0].metadata
-    (row,) = md["per_set"].value
-    assert row["set"] == "heldout" and row["requests"] == 3 and row["complete"]
-    assert row["tau_definition"] == "output_per_verification" and md["acceptance_length"].value == row["tau"]
-    assert md["acceptance_length_heldout"].value == row["tau"] and md["speedup_heldout"].value == row["speedup"]
+    rows = {row["set"]: row for row in md["per_set"].value}
+    assert list(rows) == ["mtbench", "gsm8k", "humaneval", "heldout"]
+    assert rows["mtbench"]["requests"] == 4 and rows["mtbench"]["conversations"] == 2  # both turns
+    assert [rows[s]["requests"] for s in ("gsm8k", "humaneval", "heldout")] == [3, 2, 2]
+    assert all(row["tau"] > 1 and row["speedup"] for row in rows.values())
+    assert md["acceptance_length"].value == rows["mtbench"]["tau"]
+    ours = md["reference"].value.splitlines()[2].split(" | ")
+    assert ours[1:4] == [f"{rows[s]['tau']:.3f}" for s in ("mtbench", "gsm8k", "humaneval")]
+    sources = md["settings"].value["sources"]
+    assert sources["gsm8k"].startswith("openai/gsm8k@e53f048856ff4f594e959d75785d2c2d37b678ee")
+    assert md["settings"].value["thinking"] is False
+    assert md["settings"].value["max_new_tokens"] == {"mtbench": 24, "gsm8k": 24, "humaneval": 24, "heldout": 24}
+    assert rows["heldout"]["tau_definition"] == "output_per_verification" and rows["mtbench"]["complete"]
+    assert md["acceptance_length_gsm8k"].value == rows["gsm8k"]["tau"]
+    assert md["speedup_humaneval"].value == rows["humaneval"]["speedup"]
     assert len(md["per_position_accept_rate"].value) == 3
-    assert "held-out corpus" in md["acceptance"].value and "tok/s without" in md["acceptance"].value
+    assert "MT-Bench" in md["acceptance"].value and "tok/s without" in md["acceptance"].value
     ref = md["reference"].value
     assert "lightseekorg/kimi-k2.5-eagle3 | 2.687 | 3.201 | 3.285 | reference (published)" in ref
     assert "this draft (sglang)" in ref and "not comparable" not in ref  # 3/1/4, greedy: the reference settings
@@ -63,7 +85,7 @@ def test_sglang_results_settings_and_reference_in_the_metadata(forge_home, targe
         2,
     )
     assert s["temperature"] == 0.0 and s["engine_version"] == "0.5.0-fake" and s["mode"] == "start"
-    assert s["sources"] == {"heldout": "corpus eval split"}
+    assert s["sources"]["heldout"] == "corpus eval split"
 
 
 def test_vllm_failure_names_the_cause_and_shows_the_partial_results(forge_home, target_model, fake_behaviour):
