@@ -51,6 +51,18 @@ The dataset's output-token budget is a target: admission stops when
 ``produced + in_flight × μ̂ ≥ budget``, and a guard keeps the overshoot within
 ``token_overshoot × budget`` (1%) with probability ``1 − token_overshoot_probability`` by the same
 bound. Before ``min_samples`` answers, a request counts its ``max_tokens``.
+
+A fresh dataset's first wave
+----------------------------
+Counting ``max_tokens`` per request caps a fresh dataset's first wave at ``budget / max_tokens``
+(610 requests at production ratios, a third of the in-flight cap). When other datasets of the same
+model already have ``min_samples`` measured answers, their pooled statistics *seed* the fresh one
+until its own take over (``LengthModel.seeded``): the seed's mean and variance bound are scaled by
+``seed_mean_factor`` (2) and the same check as above runs with them. The token guarantee then
+assumes that the fresh dataset's lengths are at most ``seed_mean_factor`` times the seed's, in
+distribution (``X ≤ k·Y`` stochastically, ``Y`` drawn from the other datasets' answers); with no
+statistics at all nothing changes. The dollar hold is not seeded: it keeps worst cases until the
+dataset's own ``min_samples`` answers are in.
 """
 
 import math
@@ -72,6 +84,8 @@ class AdmissionPolicy:
     token_overshoot: float = 0.01  # allowed overshoot of a dataset's token budget, as a fraction of it
     token_overshoot_probability: float = 1e-3  # chance of passing that, per dataset
     cohort_slack: float = 0.01  # share of a cohort still open that may be counted at max_tokens
+    # A fresh dataset's token admission may start from other datasets' answers, trusted within this factor.
+    seed_mean_factor: float = 2.0
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -82,6 +96,8 @@ class AdmissionPolicy:
             raise ValueError("max_admissions must be >= 1 and min_samples >= 2")
         if self.token_overshoot < 0 or self.variance_z < 0 or not 0.0 <= self.cohort_slack < 1.0:
             raise ValueError("token_overshoot, variance_z and cohort_slack must be non-negative (slack < 1)")
+        if self.seed_mean_factor < 1.0:
+            raise ValueError("seed_mean_factor must be >= 1 (a seed is trusted no more than as measured)")
 
     @property
     def hard(self) -> bool:
@@ -168,6 +184,19 @@ class LengthModel:
         # A length in [0, M] with mean μ has variance at most μ(M − μ) (Bhatia–Davis).
         cap = max(mean * (max_tokens - mean), 0.0)
         return LengthModel(m.n, mean, min(var + policy.variance_z * spread, cap) if cap else var)
+
+    @staticmethod
+    def seeded(seed: Moments, policy: AdmissionPolicy, max_tokens: int) -> "LengthModel | None":
+        """A fresh dataset's token model from other datasets' answers: their model with the mean scaled by
+        ``seed_mean_factor`` and the variance bound by its square (within ``[0, max_tokens]``); None
+        without ``min_samples`` of them. Only token admission uses it (see the module docstring)."""
+        base = LengthModel.from_moments(seed, policy, max_tokens)
+        if base is None:
+            return None
+        k = policy.seed_mean_factor
+        mean = min(k * base.mean, float(max_tokens))
+        cap = max(mean * (max_tokens - mean), 0.0)
+        return LengthModel(base.samples, mean, min(k * k * base.variance_ucb, cap) if cap else 0.0)
 
 
 def cohort_moments(

@@ -104,7 +104,12 @@ _ADDED_COLUMNS = {
         # The attempt's generation id once its response head arrived: an orphan with one is settled later.
         "generation_id": "TEXT DEFAULT NULL",
     },
-    "lengths": {"paid": "REAL NOT NULL DEFAULT 0", "priced": "REAL NOT NULL DEFAULT 0"},
+    # model: what generated the dataset's answers, so that a fresh dataset of the same model can start from them.
+    "lengths": {
+        "paid": "REAL NOT NULL DEFAULT 0",
+        "priced": "REAL NOT NULL DEFAULT 0",
+        "model": "TEXT NOT NULL DEFAULT ''",
+    },
     # Owners of an older ledger have no lease (host ''): they are judged by their pid, as they were.
     "owners": {
         "host": "TEXT NOT NULL DEFAULT ''",
@@ -370,6 +375,31 @@ class BudgetLedger:
         with self.db.read() as cur:
             return self._moments(cur, dataset)
 
+    def note_model(self, dataset: str, model: str) -> None:
+        """Record which model answers ``dataset``: other datasets of that model may seed its statistics."""
+        with self._tx() as cur:
+            cur.execute("INSERT INTO lengths(dataset) VALUES (?) ON CONFLICT DO NOTHING", (dataset,))
+            cur.execute("UPDATE lengths SET model = ? WHERE dataset = ?", (model, dataset))
+
+    def dataset_lengths(self) -> dict[str, tuple[str, Moments]]:
+        """dataset → (model, the completed-cohort moments admission uses), for every dataset on the ledger."""
+        with self.db.read() as cur:
+            rows = cur.execute("SELECT dataset, model, eff_n, eff_s1, eff_s2, eff_s3, eff_s4 FROM lengths").fetchall()
+        return {d: (model, Moments(*m)) for d, model, *m in rows}
+
+    @staticmethod
+    def _seed_moments(cur: Cursor, dataset: str) -> Moments:
+        """The pooled answers of the other datasets of ``dataset``'s model (empty if its model is unknown)."""
+        row = cur.execute("SELECT model FROM lengths WHERE dataset = ?", (dataset,)).fetchone()
+        if not row or not row[0]:
+            return Moments()
+        n, s1, s2, s3, s4 = cur.execute(
+            "SELECT COALESCE(SUM(eff_n), 0), COALESCE(SUM(eff_s1), 0), COALESCE(SUM(eff_s2), 0),"
+            " COALESCE(SUM(eff_s3), 0), COALESCE(SUM(eff_s4), 0) FROM lengths WHERE model = ? AND dataset != ?",
+            (row[0], dataset),
+        ).fetchone()
+        return Moments(int(n), s1, s2, s3, s4)
+
     def length_model(self, dataset: str, max_tokens: int) -> LengthModel | None:
         return LengthModel.from_moments(self.length_moments(dataset), self.policy, max_tokens)
 
@@ -473,6 +503,7 @@ class BudgetLedger:
             base = self._open(cur)
             moments: dict[str, Moments] = {}
             tokens0: dict[str, tuple[int, int, int]] = {}
+            seeds: dict[str, Moments] = {}  # fresh datasets: other datasets' answers (admission's first wave)
             if token_budget is not None:
                 for d in {r.dataset for r in reqs}:
                     row = cur.execute(
@@ -480,6 +511,8 @@ class BudgetLedger:
                     ).fetchone()
                     tokens0[d] = row or (0, 0, 0)
                     moments[d] = self._moments(cur, d)
+                    if moments[d].n < self.policy.min_samples and not hard:
+                        seeds[d] = self._seed_moments(cur, d)
 
             def check(k: int) -> Denial | None:
                 """Why the first ``k`` requests do not all fit, or None. Every condition only tightens as
@@ -519,7 +552,8 @@ class BudgetLedger:
                         open_max_tokens=open_max + max_before,
                         new_max_tokens=r.max_tokens,
                         budget=token_budget,
-                        model=self._model(moments[d], r.max_tokens),
+                        model=self._model(moments[d], r.max_tokens)
+                        or (LengthModel.seeded(seeds[d], self.policy, r.max_tokens) if d in seeds else None),
                         policy=self.policy,
                     )
                     if not decision.admit:

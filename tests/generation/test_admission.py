@@ -131,10 +131,21 @@ def test_hard_mode_tokens_are_worst_case():
     assert not token_admission(**common, budget=1_000_000, model=None, policy=AdmissionPolicy()).admit
 
 
-def _token_run(seed: int, budget: int, slots: int, policy: AdmissionPolicy, warm: int) -> tuple[int, int]:
-    """Discrete-event run at a fixed latency: admit whenever a slot is free and the rule allows."""
+def _token_run(
+    seed: int,
+    budget: int,
+    slots: int,
+    policy: AdmissionPolicy,
+    warm: int,
+    seeded_from: Moments | None = None,
+    mean: float = 300.0,
+) -> tuple[int, int]:
+    """Discrete-event run at a fixed latency: admit whenever a slot is free and the rule allows.
+
+    ``seeded_from``: other datasets' answers, used until this one has its own (a fresh dataset's first wave).
+    """
     rng = np.random.default_rng(seed)
-    pool = iter(lengths(rng, 100_000))
+    pool = iter(lengths(rng, 100_000, mean=mean))
     answers = Moments.of(lengths(rng, warm)) if warm else Moments()
     produced, open_, events, t = 0, 0, [], 0.0
     admitted = 0
@@ -143,6 +154,8 @@ def _token_run(seed: int, budget: int, slots: int, policy: AdmissionPolicy, warm
         nonlocal open_, admitted
         while open_ < slots:
             model = LengthModel.from_moments(answers, policy, MAX_TOKENS)
+            if model is None and seeded_from is not None:
+                model = LengthModel.seeded(seeded_from, policy, MAX_TOKENS)
             d = token_admission(
                 produced=produced,
                 open_count=open_,
@@ -185,6 +198,44 @@ def test_token_cold_start_holds_max_tokens():
     produced, admitted = _token_run(0, 100_000, 2000, AdmissionPolicy(min_samples=10**9), warm=0)
     assert produced <= 100_000  # no statistics ever: a hard cap
     assert admitted >= 100_000 // MAX_TOKENS
+
+
+def _first_wave(budget: int, slots: int, policy: AdmissionPolicy, seeded_from: Moments | None) -> int:
+    """How many requests a fresh dataset admits before any of its own answers is in."""
+    model = LengthModel.seeded(seeded_from, policy, MAX_TOKENS) if seeded_from is not None else None
+    n = 0
+    while (
+        n < slots
+        and token_admission(
+            produced=0,
+            open_count=n,
+            open_max_tokens=n * MAX_TOKENS,
+            new_max_tokens=MAX_TOKENS,
+            budget=budget,
+            model=model,
+            policy=policy,
+        ).admit
+    ):
+        n += 1
+    return n
+
+
+@pytest.mark.parametrize("fresh_mean", [300.0, 540.0])
+def test_a_fresh_dataset_starts_from_other_datasets_answers(fresh_mean):
+    """Seeded by 5,000 answers of another dataset (mean 300): the first wave is no longer budget / max_tokens,
+    and the overshoot stays within 1% for a fresh dataset whose answers are as long, or 1.8× as long (inside
+    the factor 2 the seed is trusted within)."""
+    policy = AdmissionPolicy()
+    budget = 1_000_000
+    other = Moments.of(lengths(np.random.default_rng(7), 5000))
+    cold, warm = _first_wave(budget, 2000, policy, None), _first_wave(budget, 2000, policy, other)
+    assert cold == budget // MAX_TOKENS  # 610: today's guarantee without statistics
+    assert warm > 2.5 * cold  # about budget / (2 × 300)
+    finals = [_token_run(s, budget, 2000, policy, 0, seeded_from=other, mean=fresh_mean)[0] for s in range(30)]
+    assert max(finals) <= budget * (1 + policy.token_overshoot)
+    assert min(finals) >= budget * 0.97
+    # Too few answers elsewhere: no seed, the cold start of today.
+    assert LengthModel.seeded(Moments.of(lengths(np.random.default_rng(8), 50)), policy, MAX_TOKENS) is None
 
 
 def test_cohort_ignores_answers_of_a_cohort_still_running():

@@ -221,6 +221,28 @@ def test_token_target_admits_against_expected_lengths(ledger_at):
     led.close()
 
 
+def test_a_fresh_dataset_is_seeded_by_other_datasets_of_its_model(ledger_at):
+    led = BudgetLedger(ledger_at("l"))
+    draw = _answer_lengths(random.Random(5))
+    led.note_model("B1", "moonshotai/kimi-k2.5")
+    done, _ = led.reserve_many([_request(i) for i in range(400)], budget_usd=1e6, token_budget=None)
+    led.settle_many([Settlement(r, 0.0, next(draw)) for r in done])
+    budget = 400_000
+    for dataset, model in (("B2", "moonshotai/kimi-k2.5"), ("B3", "another/model"), ("B4", "")):
+        if model:
+            led.note_model(dataset, model)
+        wave, d = led.reserve_many([_request(i, dataset) for i in range(2000)], budget_usd=1e6, token_budget=budget)
+        assert d.reason == "tokens"
+        if dataset == "B2":  # B1's 400 answers of the same model: about budget / (2 × mean), not / max_tokens
+            mean = led.length_moments("B1").mean
+            assert len(wave) > 2 * (budget // MAX_TOKENS)
+            assert len(wave) * 2 * mean <= budget * 1.01
+        else:  # another model, or none recorded: nothing is known, max_tokens each
+            assert len(wave) == budget // MAX_TOKENS
+    assert led.dataset_lengths()["B1"][0] == "moonshotai/kimi-k2.5" and led.dataset_lengths()["B1"][1].n == 400
+    led.close()
+
+
 def test_statistics_wait_for_the_whole_cohort(ledger_at):
     """Answers that came back while earlier admissions of the dataset still run are not used yet."""
     led = BudgetLedger(ledger_at("l"), policy=AdmissionPolicy(min_samples=10))
