@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from eagle_assets.datasets.prompts import Prompt
+from eagle_assets.generation.account_snapshot import AccountSnapshot, take_snapshot
 from eagle_assets.generation.admission import AdmissionPolicy
 from eagle_assets.generation.concurrency import AdaptiveLimiter
 from eagle_assets.generation.journal import Journal
@@ -67,6 +68,7 @@ class GenerationSettings:
     reservation_margin: float = 1.10  # over-estimate prompt tokens: the provider's count may differ
     key_poll_interval_s: float = 15.0
     progress_interval_s: float = 5.0
+    account_observe_interval_s: float = 10.0  # how often the account's money is handed to ``observe``
     commit_interval_s: float = 0.05
     reserve_chunk: int = 64  # prompts reserved per ledger transaction, and kept ready ahead of the workers
     # Slow start: open the first max_in_flight requests over this many seconds instead of in one burst, so
@@ -146,6 +148,8 @@ class PartitionReport:
     elapsed_s: float = 0.0
     errors: Counter[str] = field(default_factory=Counter)
     providers: Counter[str] = field(default_factory=Counter)
+    provider_usd: Counter[str] = field(default_factory=Counter)  # dollars of the kept responses, per provider
+    provider_tokens: Counter[str] = field(default_factory=Counter)  # their output tokens
     refunded_orphans_usd: float = 0.0
     dropped_torn_bytes: int = 0
     peak_in_flight: int = 0
@@ -182,11 +186,13 @@ class PartitionRunner:
         settings: GenerationSettings,
         estimate_prompt_tokens: PromptTokenEstimator,
         emit: Callable[[str], None] | None = None,
+        observe: Callable[[AccountSnapshot], None] | None = None,
     ) -> None:
         self.job, self.client, self.ledger, self.providers = job, client, ledger, providers
         self.s = settings
         self.estimate = estimate_prompt_tokens
         self.emit = emit or log.info
+        self.observe = observe  # receives the account's money every account_observe_interval_s, and at the end
         self.report = PartitionReport(job.key, total=job.total)
         self.report.allowed_providers = sorted({n for e in providers.allowed for n in (e.provider_name, e.slug)})
         self.limiter = AdaptiveLimiter(settings.max_in_flight, min(settings.min_in_flight, settings.max_in_flight))
@@ -282,6 +288,7 @@ class PartitionRunner:
                 pending, owed = self.job.chains.resume(journal.records)
                 journal.append_many(owed)  # chains that ended at a journaled turn before a crash marked the rest
                 self.report.already_done = self.job.chains.done_count(journal.records)
+            self.ledger.note_model(self.job.dataset, self.s.model)
             self._spent_at_poll = self.ledger.totals().usd_spent
             await self._poll_key(initial=True)
             committer = asyncio.create_task(self._committer(journal))
@@ -315,6 +322,7 @@ class PartitionRunner:
             r.stop_reason = "failures"
             r.stop_detail = f"{r.failed} prompts exhausted {self.s.retry.max_attempts} attempts; rerun to retry them"
         self.emit(self._progress_line(time.monotonic() - start, final=True))
+        self._observe()
         return r
 
     # --- admission ----------------------------------------------------------------------------
@@ -788,6 +796,8 @@ class PartitionRunner:
                 self.report.output_tokens += tokens
                 self.report.spent_usd += cost
                 self.report.providers[str(record.get("provider"))] += 1
+                self.report.provider_usd[str(record.get("provider"))] += cost
+                self.report.provider_tokens[str(record.get("provider"))] += tokens
             else:
                 self.report.skipped += 1
         self.ledger.settle_many(settlements)
@@ -819,19 +829,71 @@ class PartitionRunner:
             await asyncio.sleep(self.s.key_poll_interval_s)
             await self._poll_key()
 
+    def _eta_s(self, elapsed: float) -> float | None:
+        """Seconds left at this run's pace: until every prompt is done or the dataset's token target is
+        reached, whichever comes first. None before anything finished."""
+        r = self.report
+        if elapsed <= 0 or r.ok + r.skipped == 0:
+            return None
+        eta = (r.total - r.done) / ((r.ok + r.skipped) / elapsed)
+        if r.output_tokens > 0:
+            left = self.job.token_budget - self.ledger.totals(self.job.dataset).tokens_spent
+            eta = min(eta, max(0.0, left) / (r.output_tokens / elapsed))
+        return eta
+
     def _progress_line(self, elapsed: float, final: bool = False) -> str:
         r = self.report
         t = self.ledger.totals()
         errs = " ".join(f"{k}={v}" for k, v in sorted(r.errors.items())) or "none"
         rate = r.requests / elapsed if elapsed > 0 else 0.0
+        tok_rate = r.output_tokens / elapsed if elapsed > 0 else 0.0
+        eta = None if final else self._eta_s(elapsed)
         return (
             f"{'done ' if final else ''}{r.partition}: {r.done}/{r.total} prompts | out {r.output_tokens:,} tok"
             f" | ${r.spent_usd:.4f} this run, ${t.usd_spent:.4f} spent + ${self.ledger.open_held_usd():.4f} held"
-            f" ({self.s.admission.mode}) of ${self.s.budget_usd:.2f} | {rate:.1f} req/s | in flight"
+            f" ({self.s.admission.mode}) of ${self.s.budget_usd:.2f} | {rate:.1f} req/s, {tok_rate:,.0f} tok/s,"
+            f" ${60 * r.spent_usd / elapsed if elapsed > 0 else 0.0:.4f}/min"
+            f"{'' if final else ' | ETA ' + format_duration(eta)} | in flight"
             f" {self.limiter.in_flight}/{min(self.limiter.current, self._slot_limit)} | errors: {errs}"
         )
 
+    def _observe(self) -> None:
+        """Hand the account's money to ``observe``; a failing observer is logged, never ends generation."""
+        if self.observe is None:
+            return
+        try:
+            self.observe(
+                take_snapshot(
+                    self.ledger,
+                    self.s.budget_usd,
+                    remaining_at_poll=self._account_remaining,
+                    spent_at_poll=self._spent_at_poll,
+                    cap_source=self._cap_source or "unknown",
+                    observed_by=f"generation {self.job.key}",
+                )
+            )
+        except Exception as exc:
+            log.warning("%s: account observation failed: %s: %s", self.job.key, type(exc).__name__, exc)
+
     async def _progress_loop(self, start: float) -> None:
+        progressed = observed = time.monotonic()
+        self._observe()
         while True:
-            await asyncio.sleep(self.s.progress_interval_s)
-            self.emit(self._progress_line(time.monotonic() - start))
+            await asyncio.sleep(min(self.s.progress_interval_s, self.s.account_observe_interval_s))
+            now = time.monotonic()
+            if now - progressed >= self.s.progress_interval_s * 0.999:
+                progressed = now
+                self.emit(self._progress_line(now - start))
+            if now - observed >= self.s.account_observe_interval_s * 0.999:
+                observed = now
+                self._observe()
+
+
+def format_duration(seconds: float | None) -> str:
+    """``1h02m``, ``3m05s``, ``12s``; ``?`` when unknown."""
+    if seconds is None or not math.isfinite(seconds):
+        return "?"
+    s = round(seconds)
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"

@@ -8,6 +8,7 @@ never in this object.
 
 import asyncio
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -16,6 +17,7 @@ from dagster import ConfigurableResource
 from pydantic import Field
 
 from eagle_assets import settings as forge_settings
+from eagle_assets.generation.account_snapshot import AccountSnapshot, take_snapshot
 from eagle_assets.generation.admission import AdmissionPolicy
 from eagle_assets.generation.estimate import tokenizer_estimator
 from eagle_assets.generation.ledger import BudgetLedger
@@ -112,6 +114,9 @@ class OpenRouterResource(ConfigurableResource):
     retry_base_delay_s: float = 0.5
     retry_max_delay_s: float = 60.0
     progress_interval_s: float = 5.0
+    account_observe_interval_s: float = Field(
+        10.0, gt=0, description="How often a generation run records the account's money (openrouter_account)"
+    )
     native_count_sample: int = Field(
         32, ge=0, description="per partition, kept responses whose native token counts are fetched from /generation"
     )
@@ -158,6 +163,7 @@ class OpenRouterResource(ConfigurableResource):
             ),
             key_poll_interval_s=self.key_poll_interval_s,
             progress_interval_s=self.progress_interval_s,
+            account_observe_interval_s=self.account_observe_interval_s,
             stream=self.stream,
             stream_idle_timeout_s=self.stream_idle_timeout_s,
             admission=AdmissionPolicy(
@@ -208,20 +214,31 @@ class OpenRouterResource(ConfigurableResource):
     def available_usd(self) -> float:
         """Dollars that could be spent now: the account cap in force (the key's limit, else the account's
         credits where /credits answers), capped by the budget's headroom."""
-        self.ensure_server()
-        ledger = BudgetLedger(self.ledger_location(), policy=self.generation_settings().admission)
-        try:
-            headroom = self.budget_usd - ledger.totals().usd_spent - ledger.open_held_usd()
-        finally:
-            ledger.close()
+        return self.account_snapshot("available_usd").available_usd
 
-        async def remaining() -> float | None:
+    def account_snapshot(self, observed_by: str) -> AccountSnapshot:
+        """The key's remaining credit (read now) and the ledger's spend, held dollars and tokens."""
+        self.ensure_server()
+
+        async def read_cap() -> tuple[float | None, str]:
             async with self.client() as client:
                 cap, _ = await read_account_cap(client)
-                return cap.remaining_usd
+                return cap.remaining_usd, cap.source
 
-        key_remaining = asyncio.run(remaining())
-        return headroom if key_remaining is None else min(headroom, key_remaining)
+        remaining, source = asyncio.run(read_cap())
+        ledger = BudgetLedger(self.ledger_location(), policy=self.generation_settings().admission)
+        try:
+            spent = ledger.totals().usd_spent
+            return take_snapshot(
+                ledger,
+                self.budget_usd,
+                remaining_at_poll=remaining,
+                spent_at_poll=spent,
+                cap_source=source,
+                observed_by=observed_by,
+            )
+        finally:
+            ledger.close()
 
     def native_completion_counts(self, generation_ids: dict[str, str], attempts: int = 3) -> dict[str, int]:
         """prompt id → ``native_tokens_completion`` from ``/generation`` (free calls; a 404 is retried briefly,
@@ -250,10 +267,16 @@ class OpenRouterResource(ConfigurableResource):
         return asyncio.run(fetch_all())
 
     # --- one partition -----------------------------------------------------------------------
-    def run_partition(self, job: PartitionJob, log: logging.Logger | Any) -> PartitionReport:
+    def run_partition(
+        self,
+        job: PartitionJob,
+        log: logging.Logger | Any,
+        observe: Callable[[AccountSnapshot], None] | None = None,
+    ) -> PartitionReport:
+        """``observe``: receives the account's money every ``account_observe_interval_s`` and at the end."""
         self.preflight()
         self.ensure_server()
-        return asyncio.run(self._run(job, log))
+        return asyncio.run(self._run(job, log, observe))
 
     def ensure_server(self) -> None:
         if not self.start_embedded_simulator:
@@ -264,7 +287,9 @@ class OpenRouterResource(ConfigurableResource):
 
         ensure_embedded_simulator(self.base_url)
 
-    async def _run(self, job: PartitionJob, log: logging.Logger | Any) -> PartitionReport:
+    async def _run(
+        self, job: PartitionJob, log: logging.Logger | Any, observe: Callable[[AccountSnapshot], None] | None = None
+    ) -> PartitionReport:
         tokenizer = load_kimi_tokenizer(self.tokenizer_path or forge_settings.tokenizer_dir())
         ledger = BudgetLedger(self.ledger_location())
         log.info(f"budget ledger: {ledger.location}")
@@ -279,6 +304,7 @@ class OpenRouterResource(ConfigurableResource):
                     self.generation_settings(),
                     tokenizer_estimator(tokenizer),
                     emit=log.info,
+                    observe=observe,
                 )
                 return await runner.run()
         finally:
