@@ -8,10 +8,12 @@ simulator on loopback (started on demand) and the target is the tiny model built
 
 import dagster as dg
 
+from eagle_assets.assets.account import openrouter_account
 from eagle_assets.assets.corpus import build_corpus_asset
 from eagle_assets.assets.draft import draft_benchmark, draft_model, training_run_config
 from eagle_assets.assets.generation import build_generated_asset
 from eagle_assets.assets.hidden_states import hidden_states
+from eagle_assets.assets.plan import build_plan_asset
 from eagle_assets.assets.tokens import build_tokenized_asset
 from eagle_assets.datasets.config import load_datasets
 from eagle_assets.k8s_placement import executor_from_env
@@ -28,6 +30,7 @@ TOKENIZED = [
     build_tokenized_asset(spec, g.partitions_def) for spec, g in zip(DATASETS.values(), GENERATED, strict=True)
 ]
 CORPUS = build_corpus_asset(list(DATASETS.values()))
+PLAN = build_plan_asset(list(DATASETS.values()))
 
 
 TARGET = TargetModelResource()
@@ -45,7 +48,7 @@ def default_resources() -> dict[str, object]:
 
 
 defs = dg.Definitions(
-    assets=[*GENERATED, *TOKENIZED, CORPUS, hidden_states, draft_model, draft_benchmark],
+    assets=[openrouter_account, PLAN, *GENERATED, *TOKENIZED, CORPUS, hidden_states, draft_model, draft_benchmark],
     resources=default_resources(),
     executor=executor_from_env(),  # EAGLE_FORGE_EXECUTOR=k8s: a pod per step (deploy/k8s)
     sensors=[

@@ -86,3 +86,31 @@ def tau_comparison_md(
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=6)
     return _markdown_png(fig, title)
+
+
+def plan_cost_md(costs: Mapping[str, tuple[float, float, float]], available: float, title: str) -> str:
+    """Two panels: each dataset's expected dollars with its interval, and their running sum against the money
+    available (the budget line). ``costs``: name → (expected, low, high), in the order they run."""
+    names = list(costs)
+    exp = [costs[n][0] for n in names]
+    err = [[costs[n][0] - costs[n][1] for n in names], [costs[n][2] - costs[n][0] for n in names]]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(8, 2.8))
+    left.bar(names, exp, yerr=err, capsize=3, color="#4c72b0")
+    left.set_title("cost per dataset (95%)")
+    left.set_ylabel("USD")
+    left.grid(axis="y", alpha=0.3)
+    running, hi, total, total_hi = [], [], 0.0, 0.0
+    for n in names:
+        total, total_hi = total + costs[n][0], total_hi + costs[n][2]
+        running.append(total)
+        hi.append(total_hi)
+    xs = list(range(len(names)))
+    right.plot(xs, running, marker="o", linewidth=1.4, label="cumulative, expected")
+    right.plot(xs, hi, linestyle="--", linewidth=1.0, label="cumulative, 95% high")
+    right.axhline(available, color="#c44e52", linewidth=1.4, label=f"available ${available:,.2f}")
+    right.set_xticks(xs, names)
+    right.set_title("cumulative against the budget")
+    right.grid(alpha=0.3)
+    right.legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    return _markdown_png(fig, title)

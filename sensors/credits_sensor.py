@@ -1,11 +1,14 @@
 """After generation stopped on money, watch the credits and backfill exactly what is left.
 
 One ``RunRequest`` per failed or missing generation partition (never a single-run backfill: one
-failure would fail the whole range), launched only when the available dollars went up.
+failure would fail the whole range), launched only when the available dollars went up. Every
+evaluation also records the account's money as an observation of ``openrouter_account``, so its plot
+keeps moving between runs (a top-up shows as a step up).
 """
 
 import dagster as dg
 
+from eagle_assets.assets.account import account_observation
 from resources.openrouter.resource import OpenRouterResource
 from sensors.topup import CreditsCursor, decide
 
@@ -39,18 +42,20 @@ def build_credits_sensor(
         "failed or missing generation partition.",
     )
     def credits_topup_backfill(context: dg.SensorEvaluationContext, openrouter: OpenRouterResource):
+        snapshot = openrouter.account_snapshot("sensor credits_topup_backfill")
+        observed = [account_observation(snapshot)]
         pending = {a.key: pending_partitions(context.instance, a) for a in generation_assets}
         count = sum(len(v) for v in pending.values())
         cursor = CreditsCursor.loads(context.cursor)
         if count == 0:
             context.update_cursor(CreditsCursor(cursor.last_remaining, cursor.epoch).dumps())
-            return dg.SkipReason("every generation partition is materialized")
-        decision = decide(cursor, openrouter.available_usd(), count, min_increase_usd, min_remaining_usd)
+            return dg.SensorResult(skip_reason="every generation partition is materialized", asset_events=observed)
+        decision = decide(cursor, snapshot.available_usd, count, min_increase_usd, min_remaining_usd)
         context.update_cursor(decision.cursor.dumps())
         if not decision.launch:
-            return dg.SkipReason(decision.reason)
+            return dg.SensorResult(skip_reason=decision.reason, asset_events=observed)
         context.log.info(decision.reason)
-        return [
+        runs = [
             dg.RunRequest(
                 run_key=f"topup-{decision.cursor.epoch}:{key.to_user_string()}:{p}",
                 asset_selection=[key],
@@ -60,5 +65,6 @@ def build_credits_sensor(
             for key, parts in pending.items()
             for p in parts
         ]
+        return dg.SensorResult(run_requests=runs, asset_events=observed)
 
     return credits_topup_backfill

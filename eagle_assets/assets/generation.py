@@ -10,6 +10,7 @@ from pathlib import Path
 import dagster as dg
 
 from eagle_assets import settings
+from eagle_assets.assets.account import account_observation
 from eagle_assets.assets.checks import GENERATED_CHECKS, check_results, check_specs
 from eagle_assets.assets.dataset_metadata import input_metadata
 from eagle_assets.corpus.validation import run_generated_checks
@@ -17,6 +18,8 @@ from eagle_assets.datasets.config import DatasetSpec
 from eagle_assets.durable_files import atomic_write_bytes
 from eagle_assets.generation.partition_inputs import partition_inputs
 from eagle_assets.generation.partition_output import write_partition_parquet
+from eagle_assets.generation.plan import PlanRefusal, plan_gate
+from eagle_assets.generation.plan_file import read_plan
 from eagle_assets.generation.runner import PartitionJob, PartitionReport
 from eagle_assets.k8s_placement import cpu_step_tags
 from resources.duckdb.resource import DuckDBResource
@@ -24,6 +27,7 @@ from resources.openrouter.resource import OpenRouterResource
 
 GENERATION_GROUP = "generation"
 GENERATION_POOL = "openrouter"
+PLAN_KEY = dg.AssetKey(["generation_plan"])
 MAX_LOGGED_PROBLEMS = 20
 
 
@@ -114,13 +118,24 @@ def report_metadata(report: PartitionReport) -> dict[str, dg.MetadataValue]:
         "errors": dg.MetadataValue.md(
             _md_table(("error class", "count"), sorted(report.errors.items())) if report.errors else "none"
         ),
-        "providers": dg.MetadataValue.md(
-            _md_table(("provider", "responses kept"), report.providers.most_common())
-            if report.providers
-            else "none this run"
-        ),
+        "providers": dg.MetadataValue.md(providers_table(report) if report.providers else "none this run"),
     }
+    if report.output_tokens:
+        meta["usd_per_m_output_tokens"] = dg.MetadataValue.float(
+            round(1e6 * report.spent_usd / report.output_tokens, 4)
+        )
     return meta
+
+
+def providers_table(report: PartitionReport) -> str:
+    """Per provider: responses kept, their output tokens and dollars, and dollars per million output tokens
+    (prompts included: what a million output tokens cost at that provider, all in)."""
+    lines = ["| provider | responses kept | output tokens | $ | $/M output tokens |", "|---|---|---|---|---|"]
+    for name, count in report.providers.most_common():
+        tokens, usd = report.provider_tokens[name], report.provider_usd[name]
+        per_m = f"{1e6 * usd / tokens:.2f}" if tokens else "—"
+        lines.append(f"| {name} | {count} | {tokens:,} | {usd:.6f} | {per_m} |")
+    return "\n".join(lines)
 
 
 def run_generation(
@@ -140,8 +155,15 @@ def run_generation(
     if len(problems) > MAX_LOGGED_PROBLEMS:
         context.log.warning(f"... and {len(problems) - MAX_LOGGED_PROBLEMS} more unusable rows in this shard")
     journal, parquet = partition_paths(spec.name, shard)
-    job = PartitionJob(spec.name, shard, inputs.prompts, spec.output_token_budget, journal, chains=inputs.chains)
-    report = openrouter.run_partition(job, context.log)
+    try:
+        gate = plan_gate(read_plan(), spec.name, spec.output_token_budget)
+    except PlanRefusal as exc:
+        raise dg.Failure(description=str(exc), allow_retries=False) from None
+    context.log.info(gate.note)
+    job = PartitionJob(spec.name, shard, inputs.prompts, gate.token_target, journal, chains=inputs.chains)
+    report = openrouter.run_partition(
+        job, context.log, observe=lambda snap: context.log_event(account_observation(snap))
+    )
     context.log.info(report.summary())
     allowed = record_allowed_providers(spec.name, shard, report.allowed_providers)
     meta = {**input_metadata(inputs), **report_metadata(report)}
@@ -182,6 +204,7 @@ def build_generated_asset(spec: DatasetSpec) -> dg.AssetsDefinition:
         group_name=GENERATION_GROUP,
         partitions_def=dg.StaticPartitionsDefinition(spec.shard_keys()),
         pool=GENERATION_POOL,
+        deps=[PLAN_KEY],
         check_specs=check_specs(generated_asset_key(spec.name), GENERATED_CHECKS, blocking=False),
         kinds={"openrouter", "parquet"},
         tags={"eagle-forge/stage": "generation", "eagle-forge/dataset": spec.name},

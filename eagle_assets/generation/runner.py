@@ -322,7 +322,9 @@ class PartitionRunner:
             r.stop_reason = "failures"
             r.stop_detail = f"{r.failed} prompts exhausted {self.s.retry.max_attempts} attempts; rerun to retry them"
         self.emit(self._progress_line(time.monotonic() - start, final=True))
-        self._observe()
+        if self.observe is not None:
+            await self._poll_key()  # everything has settled: the key's credit and the ledger agree again
+            self._observe()
         return r
 
     # --- admission ----------------------------------------------------------------------------

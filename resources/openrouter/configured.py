@@ -45,6 +45,7 @@ def openrouter_from_env() -> OpenRouterResource:
             request_timeout_s=float(os.environ.get("EAGLE_FORGE_REQUEST_TIMEOUT_S", "120")),
             progress_interval_s=2.0,
             key_poll_interval_s=2.0,
+            account_observe_interval_s=2.0,
             stream=_flag("EAGLE_FORGE_STREAM"),
         )
     if target == "openrouter":

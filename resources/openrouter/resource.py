@@ -278,6 +278,16 @@ class OpenRouterResource(ConfigurableResource):
         self.ensure_server()
         return asyncio.run(self._run(job, log, observe))
 
+    def run_partitions(self, jobs: list[PartitionJob], log: logging.Logger | Any) -> list[PartitionReport]:
+        """Several partitions at once in one event loop (a plan's pilots: one wave for every dataset)."""
+        self.preflight()
+        self.ensure_server()
+
+        async def all_of() -> list[PartitionReport]:
+            return list(await asyncio.gather(*(self._run(job, log) for job in jobs)))
+
+        return asyncio.run(all_of()) if jobs else []
+
     def ensure_server(self) -> None:
         if not self.start_embedded_simulator:
             return

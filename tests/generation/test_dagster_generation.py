@@ -11,6 +11,7 @@ import pytest
 from eagle_assets.assets.generation import build_generated_asset
 from eagle_assets.datasets.config import DatasetSpec
 from eagle_assets.generation.journal import read_records
+from eagle_assets.generation.ledger import BudgetLedger
 from eagle_assets.settings import tokenizer_dir
 from resources.duckdb.resource import DuckDBResource
 from resources.openrouter.resource import OpenRouterResource
@@ -122,7 +123,10 @@ def test_credits_sensor_backfills_exactly_the_missing_partitions(tmp_path, forge
         )
         ctx = dg.build_sensor_context(instance=instance, resources={"openrouter": res, "duckdb": DuckDBResource()})
         first = sensor(ctx)
-        assert isinstance(first, dg.SkipReason) and "first look" in first.skip_message
+        assert "first look" in first.skip_reason.skip_message
+        (seen,) = first.asset_events  # every evaluation observes the account
+        assert seen.asset_key == dg.AssetKey("openrouter_account")
+        assert seen.metadata["remaining_credit_usd"].value == pytest.approx(0.008)
         outcomes = [
             dg.materialize(
                 [asset],
@@ -137,12 +141,17 @@ def test_credits_sensor_backfills_exactly_the_missing_partitions(tmp_path, forge
         ctx2 = dg.build_sensor_context(
             instance=instance, resources={"openrouter": res, "duckdb": DuckDBResource()}, cursor=ctx.cursor
         )
-        assert isinstance(sensor(ctx2), dg.SkipReason)  # spent down, no top-up yet
+        spent_down = sensor(ctx2)
+        assert spent_down.skip_reason is not None and not spent_down.run_requests  # spent down, no top-up yet
+        led = BudgetLedger(forge_home / "state" / "ledger.sqlite")
+        spent = led.totals().usd_spent
+        led.close()
+        assert spent_down.asset_events[0].metadata["spent_usd"].value == pytest.approx(spent, abs=1e-6)
         sim.topup(5.0)
         ctx3 = dg.build_sensor_context(
             instance=instance, resources={"openrouter": res, "duckdb": DuckDBResource()}, cursor=ctx2.cursor
         )
-        requests = sensor(ctx3)
+        requests = sensor(ctx3).run_requests
         pending = [k for k, ok in zip(("0000", "0001", "0002"), outcomes, strict=True) if not ok]
         assert sorted(r.partition_key for r in requests) == pending
         assert len({r.run_key for r in requests}) == len(requests)
@@ -154,7 +163,7 @@ def test_credits_sensor_backfills_exactly_the_missing_partitions(tmp_path, forge
         ctx4 = dg.build_sensor_context(
             instance=instance, resources={"openrouter": res, "duckdb": DuckDBResource()}, cursor=ctx3.cursor
         )
-        assert isinstance(sensor(ctx4), dg.SkipReason)
+        assert sensor(ctx4).skip_reason is not None
 
 
 def test_tokenized_partition_matches_the_api_token_counts_exactly(tmp_path, forge_home):

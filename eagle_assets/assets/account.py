@@ -1,0 +1,61 @@
+"""The OpenRouter account as an observable source asset: its money, observed while it is spent.
+
+Dagster draws every numeric metadata entry of an asset's observations as a plot over time, so the
+account's remaining credit, the ledger's spend, held dollars and output tokens become curves in the
+asset's Plots tab. Observations come from three places: this asset's own observe step ("Observe
+sources" in the UI), the credits sensor on each evaluation, and every generation run every
+``account_observe_interval_s`` (``context.log_event``) — so the curve moves while a run is going.
+"""
+
+import warnings
+
+import dagster as dg
+
+from eagle_assets.generation.account_snapshot import AccountSnapshot
+from resources.openrouter.resource import OpenRouterResource
+
+ACCOUNT_KEY = dg.AssetKey(["openrouter_account"])
+ACCOUNT_GROUP = "generation"
+
+
+def account_metadata(snap: AccountSnapshot) -> dict[str, dg.MetadataValue]:
+    """Numbers only where they are known: an unknown credit is left out, never plotted as zero."""
+    meta: dict[str, dg.MetadataValue] = {
+        "spent_usd": dg.MetadataValue.float(round(snap.spent_usd, 6)),
+        "held_usd": dg.MetadataValue.float(round(snap.held_usd, 6)),
+        "budget_left_usd": dg.MetadataValue.float(round(snap.budget_left_usd, 6)),
+        "output_tokens": dg.MetadataValue.int(snap.output_tokens),
+        "in_flight": dg.MetadataValue.int(snap.in_flight),
+        "budget_usd": dg.MetadataValue.float(snap.budget_usd),
+        "cap_source": dg.MetadataValue.text(snap.cap_source),
+        "observed_by": dg.MetadataValue.text(snap.observed_by),
+    }
+    if snap.remaining_credit_usd is not None:
+        meta["remaining_credit_usd"] = dg.MetadataValue.float(round(snap.remaining_credit_usd, 6))
+    return meta
+
+
+def account_observation(snap: AccountSnapshot) -> dg.AssetObservation:
+    return dg.AssetObservation(asset_key=ACCOUNT_KEY, metadata=account_metadata(snap))
+
+
+def _account_asset() -> dg.SourceAsset:
+    # observable_source_asset is marked beta in Dagster 1.13: said once here, not on every import of the code.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dg.BetaWarning)
+
+        @dg.observable_source_asset(
+            key=ACCOUNT_KEY,
+            group_name=ACCOUNT_GROUP,
+            description="The OpenRouter key's remaining credit and the budget ledger's spend, held dollars and"
+            " output tokens. Observed by every generation run (every account_observe_interval_s) and by the"
+            " credits_topup_backfill sensor; the Plots tab shows spend over time.",
+        )
+        def openrouter_account(openrouter: OpenRouterResource) -> dg.ObserveResult:
+            snap = openrouter.account_snapshot("observe openrouter_account")
+            return dg.ObserveResult(metadata=account_metadata(snap))
+
+    return openrouter_account
+
+
+openrouter_account = _account_asset()

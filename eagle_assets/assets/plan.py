@@ -1,0 +1,264 @@
+"""``generation_plan``: what the datasets' token targets will cost, shown before the money is spent.
+
+An asset rather than a hidden step of each generation partition, because a plan is one decision over
+all datasets (it has to see every target against one budget), made once, seen in the UI as a table
+and a plot, and remade on purpose (a top-up, a new choice of ``on_overrun``). Each generation
+partition then reads the recorded decision (``plan.plan_gate``); every ``generated/*`` asset lists it
+as a dependency, so materializing the graph plans first.
+
+The pure work is in ``eagle_assets.generation.plan``; this module gathers its inputs:
+
+- the live endpoint table (allowed endpoints and their prices) and the routing mix in the journals;
+- exact prompt token counts of the prompts still pending, from the serving-path renderer;
+- answer lengths: the dataset's own completed answers in the ledger; else a pilot of ``pilot_prompts``
+  bought now and kept as part of the data (their journal is the partition's own); else the other
+  datasets of the same model; else the configured prior, with its source stated in the table;
+- the key's remaining credit and the ledger's spend.
+"""
+
+import asyncio
+import math
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+from pydantic import Field
+
+from eagle_assets import settings
+from eagle_assets.assets.generation import GENERATION_GROUP, GENERATION_POOL, PLAN_KEY, partition_paths
+from eagle_assets.datasets.config import DatasetSpec
+from eagle_assets.generation.estimate import tokenizer_estimator
+from eagle_assets.generation.ledger import BudgetLedger
+from eagle_assets.generation.plan import (
+    OVERRUN_CHOICES,
+    PROPOSAL_RULES,
+    DatasetInput,
+    EndpointPrice,
+    LengthStats,
+    Money,
+    Plan,
+    choose_length_stats,
+    make_plan,
+    price_model,
+    requests_needed,
+    tail_reserve_usd,
+)
+from eagle_assets.generation.plan_file import write_plan
+from eagle_assets.generation.plan_inputs import JournalFacts, latency_estimate
+from eagle_assets.generation.plan_queue import DatasetQueue, dataset_queue
+from eagle_assets.generation.plan_report import plan_markdown
+from eagle_assets.generation.runner import PartitionJob, format_duration
+from eagle_assets.tokenization.kimi_tokenizer import load_kimi_tokenizer
+from resources.openrouter.resource import OpenRouterResource
+
+
+class GenerationPlanConfig(dg.Config):
+    on_overrun: str = Field(
+        "wait",
+        description="When the targets do not fit the money: wait (generation refuses to start until the plan is"
+        " re-made), scale_down (generation uses the proposed targets) or proceed (spend until the money runs out)",
+    )
+    proposal: str = Field("proportional", description="Targets scale_down uses: equal or proportional")
+    pilot_prompts: int = Field(
+        200,
+        ge=0,
+        description="Per dataset without answers of its own: prompts bought now to measure answer lengths (kept as"
+        " data; 0: no pilot)",
+    )
+    prior_mean_tokens: float = Field(3000.0, gt=0, description="Answer length assumed when nothing is measured")
+    prior_sd_tokens: float = Field(2000.0, ge=0)
+    prior_mean_error: float = Field(0.5, ge=0, description="How far off the prior's mean may be (fraction, 1 sigma)")
+    prior_seconds_per_answer: float = Field(90.0, gt=0, description="Latency assumed when none is measured")
+
+
+def enough_answers(config: GenerationPlanConfig, openrouter: OpenRouterResource) -> int:
+    """A dataset's own answers are enough from admission's ``min_samples``, or the pilot's size if smaller."""
+    min_samples = openrouter.generation_settings().admission.min_samples
+    return min(min_samples, config.pilot_prompts) if config.pilot_prompts else min_samples
+
+
+def dataset_cache_dir() -> Path:
+    return settings.forge_home() / "state" / "datasets"
+
+
+def queue_of(spec: DatasetSpec) -> DatasetQueue:
+    return dataset_queue(spec, dataset_cache_dir(), lambda d, s: partition_paths(d, s)[0])
+
+
+def _allowed_prices(openrouter: OpenRouterResource, log: Any, with_tools: bool) -> list[EndpointPrice]:
+    async def table() -> list[EndpointPrice]:
+        async with openrouter.client() as client:
+            t = await openrouter.provider_table(client, log, with_tools)
+            return [EndpointPrice(e.provider_name, e.prompt_price, e.completion_price) for e in t.allowed]
+
+    openrouter.ensure_server()
+    return asyncio.run(table())
+
+
+def run_pilots(
+    specs: list[DatasetSpec], config: GenerationPlanConfig, openrouter: OpenRouterResource, log: Any
+) -> dict[str, int]:
+    """Buy ``pilot_prompts`` answers for every dataset whose own answers are too few; returns how many each got."""
+    if config.pilot_prompts == 0:
+        return {}
+    ledger = BudgetLedger(openrouter.ledger_location())
+    try:
+        have = ledger.dataset_lengths()
+    finally:
+        ledger.close()
+    enough = enough_answers(config, openrouter)
+    jobs, wanted = [], {}
+    for spec in specs:
+        model, own = have.get(spec.name, (openrouter.model, None))
+        if own is not None and model in (openrouter.model, "") and own.n >= enough:
+            continue
+        for shard, prompts, chains in queue_of(spec).pilot(config.pilot_prompts):
+            journal = partition_paths(spec.name, shard)[0]
+            jobs.append(PartitionJob(spec.name, shard, prompts, spec.output_token_budget, journal, chains=chains))
+            wanted[spec.name] = wanted.get(spec.name, 0) + (len(prompts) if chains is None else chains.total)
+    if not jobs:
+        return {}
+    log.info(f"pilot: {sum(wanted.values()):,} requests across {len(wanted)} datasets, kept as data")
+    got: dict[str, int] = dict.fromkeys(wanted, 0)
+    for report in openrouter.run_partitions(jobs, log):
+        log.info(f"pilot {report.summary()}")
+        if report.stop_reason == "fatal":
+            raise dg.Failure(description=f"the pilot stopped: {report.stop_detail}", allow_retries=False)
+        if report.stop_reason != "completed":
+            log.warning(f"pilot {report.partition} stopped early ({report.stop_reason}): {report.stop_detail}")
+        got[report.partition.split("/")[0]] += report.ok
+    return got
+
+
+def build_plan(
+    specs: list[DatasetSpec], config: GenerationPlanConfig, openrouter: OpenRouterResource, log: Any
+) -> Plan:
+    if config.on_overrun not in OVERRUN_CHOICES or config.proposal not in PROPOSAL_RULES:
+        raise dg.Failure(
+            description=f"on_overrun must be one of {OVERRUN_CHOICES} and proposal one of {PROPOSAL_RULES};"
+            f" got {config.on_overrun!r}, {config.proposal!r}",
+            allow_retries=False,
+        )
+    gen = openrouter.generation_settings()
+    openrouter.preflight()
+    pilots = run_pilots(specs, config, openrouter, log)
+    queues = {spec.name: queue_of(spec) for spec in specs}
+    everyone = sum((q.facts for q in queues.values()), JournalFacts())
+    with_tools = any(_has_tools(q) for q in queues.values())
+    prices = price_model(_allowed_prices(openrouter, log, with_tools), everyone.providers)
+    estimate = tokenizer_estimator(load_kimi_tokenizer(openrouter.tokenizer_path or settings.tokenizer_dir()))
+    ledger = BudgetLedger(openrouter.ledger_location(), policy=gen.admission)
+    try:
+        lengths = ledger.dataset_lengths()
+        per_dataset = {spec.name: ledger.totals(spec.name) for spec in specs}
+    finally:
+        ledger.close()
+    prior = LengthStats.prior(
+        min(config.prior_mean_tokens, float(gen.max_tokens)),
+        config.prior_sd_tokens,
+        config.prior_mean_error,
+        f"configured prior (max_tokens {gen.max_tokens:,})"
+        if config.prior_mean_tokens > gen.max_tokens
+        else "configured prior",
+    )
+    inputs = []
+    for spec in specs:
+        queue = queues[spec.name]
+        stats = choose_length_stats(
+            spec.name,
+            gen.model,
+            lengths,
+            enough_answers(config, openrouter),
+            prior,
+            finished=queue.pending == 0,
+            pilot=pilots.get(spec.name, 0),
+        )
+        latency, latency_source = latency_estimate(queue.facts, everyone, config.prior_seconds_per_answer, spec.name)
+        done = per_dataset[spec.name]
+        left = spec.output_token_budget - done.tokens_spent
+        need = requests_needed(stats, left, queue.pending)
+        counted = queue.prompt_tokens(max(1, need) if queue.pending else 0, estimate, stats.mean)
+        if queue.pending and not counted:
+            raise dg.Failure(
+                description=f"{spec.name}: {queue.pending:,} requests pending by the journals, but no shard yields"
+                " one to ask (the source changed since its scan?)",
+                allow_retries=False,
+            )
+        inputs.append(
+            DatasetInput(
+                spec.name,
+                spec.output_token_budget,
+                done.tokens_spent,
+                done.usd_spent,
+                queue.pending,
+                counted,
+                stats,
+                latency,
+                latency_source,
+            )
+        )
+        log.info(
+            f"plan inputs {spec.name}: {queue.pending:,} of {queue.total_requests:,} requests pending"
+            f" ({len(counted):,} prompts rendered), lengths from {stats.source}"
+        )
+    snap = openrouter.account_snapshot("generation_plan")
+    widest = max((i.lengths for i in inputs), key=lambda s: s.mean, default=prior)
+    money = Money(
+        snap.budget_usd,
+        snap.spent_usd,
+        snap.held_usd,
+        snap.remaining_credit_usd,
+        snap.cap_source,
+        tail_reserve_usd(gen.max_in_flight, widest, prices, gen.tail_fraction, gen.admission),
+    )
+    return make_plan(inputs, prices, money, gen.max_in_flight, config.on_overrun, config.proposal)
+
+
+def _has_tools(queue: DatasetQueue) -> bool:
+    """Whether the dataset's first pending request declares tools (routing then needs endpoints with tools)."""
+    first = next(queue.requests(), None)
+    return bool(first and first.prompt.tools)
+
+
+def plan_metadata(plan: Plan) -> dict[str, dg.MetadataValue]:
+    from eagle_assets.plots import plan_cost_md  # matplotlib: loaded by the step, not by every code server
+
+    total = plan.total_usd
+    costs = {d.name: (d.usd.expected, d.usd.low, d.usd.high) for d in plan.datasets}
+    return {
+        "plan": dg.MetadataValue.md(plan_markdown(plan)),
+        "cost_plot": dg.MetadataValue.md(plan_cost_md(costs, plan.money.available_usd, "generation plan")),
+        "decision": dg.MetadataValue.text(plan.decision),
+        "fits": dg.MetadataValue.bool(plan.fits),
+        "projected_usd": dg.MetadataValue.float(round(total.expected, 4)),
+        "projected_usd_high": dg.MetadataValue.float(round(total.high, 4)),
+        "available_usd": dg.MetadataValue.float(round(plan.money.available_usd, 4)),
+        "projected_output_tokens": dg.MetadataValue.int(math.floor(plan.total_tokens.expected)),
+        "projected_requests": dg.MetadataValue.int(math.floor(plan.total_requests.expected)),
+        "projected_wall": dg.MetadataValue.text(format_duration(plan.wall_s)),
+        "path": dg.MetadataValue.path(str(settings.forge_home() / "state" / "generation_plan.json")),
+    }
+
+
+def build_plan_asset(specs: list[DatasetSpec]) -> dg.AssetsDefinition:
+    @dg.asset(
+        key=PLAN_KEY,
+        group_name=GENERATION_GROUP,
+        pool=GENERATION_POOL,  # a pilot buys answers like any generation step
+        kinds={"openrouter"},
+        tags={"eagle-forge/stage": "generation"},
+        description="Before any spend: requests, output and prompt tokens, dollars (with intervals) and wall time per"
+        " dataset against the key's remaining credit and the budget; proposes targets that fit when they do not."
+        " on_overrun (config) decides whether generation waits, scales down or proceeds.",
+    )
+    def generation_plan(
+        context: dg.AssetExecutionContext, config: GenerationPlanConfig, openrouter: OpenRouterResource
+    ) -> dg.MaterializeResult:
+        plan = build_plan(specs, config, openrouter, context.log)
+        path = write_plan(plan.to_json())
+        context.log.info(f"generation plan ({path}): {plan.summary()}")
+        meta = plan_metadata(plan)
+        meta["path"] = dg.MetadataValue.path(str(path))
+        return dg.MaterializeResult(metadata=meta)
+
+    return generation_plan
