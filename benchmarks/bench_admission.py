@@ -6,7 +6,9 @@ answer 300, a 1M-token budget, a $10 budget; the simulator answers after a fixed
 Two phases, each with a fresh home, ledger, Dagster instance and simulator process:
 
 - tokens:  one dataset (``--token-datasets N``: N at once, one process each) with the token budget,
-           dollars not binding;
+           dollars not binding; nothing is known of its answers (its first wave holds max_tokens each);
+- fresh:   the same, one dataset alone, after another dataset of the same model has ``--seed-answers``
+           (2000) answers in the ledger: its first wave starts from those (measured without them);
 - dollars: one dataset with the dollar budget, tokens not binding.
 
 Printed per phase: peak and mean in flight (the simulator's own count, sampled every 40 ms) over the
@@ -14,9 +16,10 @@ busy time and until 95% of the run's requests were sent (the last 5% of the budg
 costs the same in expectation); the generation's wall time (first request to last answer) against
 the ideal at 2000 in flight, ``ceil(answers / 2000) × latency``; the
 overshoot in tokens and dollars; the fraction of the budget spent. The goals (issue 15): mean in
-flight ≥ 1,800 until the last 5%, wall ≤ 1.5× ideal, dollar overshoot 0, token overshoot ≤ 1%.
+flight ≥ 1,800 until the last 5%, wall ≤ 1.5× ideal, dollar overshoot 0, token overshoot ≤ 1%; (issue
+20) a fresh dataset alone, seeded by another of its model: wall ≤ 1.5× ideal, token overshoot ≤ 1%.
 
-    python benchmarks/bench_admission.py                    # scale 10: 1M tokens, $10
+    python benchmarks/bench_admission.py                    # scale 10: 1M tokens, $10 (tokens, fresh, dollars)
     python benchmarks/bench_admission.py --phases dollars --mode hard   # the worst-case baseline
     python benchmarks/bench_admission.py --token-datasets 8 --phases tokens   # B1–B8 at once
 """
@@ -31,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,6 +62,7 @@ class Phase:
     token_budget: int
     usd_budget: float
     prompts: int
+    seed_prompts: int = 0  # answered first by another dataset of the same model (not measured)
     samples: list[tuple[float, int, int]] = field(default_factory=list)  # (t, in flight, requests received)
     returncodes: list[int] = field(default_factory=list)
     materialize_s: float = 0.0
@@ -86,6 +91,9 @@ def run_phase(phase: Phase, a: argparse.Namespace, scaled: dict[str, Any], work:
     home, dagster_home = work / "home", work / "dagster_home"
     dagster_home.mkdir(parents=True)
     lines = ["datasets:"]
+    if phase.seed_prompts:
+        write_prompts(work / "SEED.jsonl", phase.seed_prompts, "SEED")
+        lines.append(f"  SEED: {{path: {work / 'SEED.jsonl'}, shard_size: {phase.seed_prompts}}}")
     for d in phase.datasets:
         write_prompts(work / f"{d}.jsonl", phase.prompts, d)
         spec = f"path: {work / f'{d}.jsonl'}, shard_size: {phase.prompts}, output_token_budget: {phase.token_budget}"
@@ -119,6 +127,18 @@ def run_phase(phase: Phase, a: argparse.Namespace, scaled: dict[str, Any], work:
     subprocess.run(
         [sys.executable, "-c", "import dagster; dagster.DagsterInstance.get()"], env=env, cwd=REPO, check=True
     )
+    if phase.seed_prompts:  # another dataset of the model answers first; the measurement starts after it
+        seeded = subprocess.run(
+            [*MATERIALIZE, "--select", "generated/SEED", "--partition", "0000"],
+            env=env,
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=open(work / "SEED.log", "wb"),  # noqa: SIM115 (the child's)
+            timeout=a.timeout,
+        )
+        if seeded.returncode:
+            raise SystemExit(f"the seed dataset failed ({work / 'SEED.log'})")
+        urllib.request.urlopen(urllib.request.Request(f"{sim.root_url}/_sim/reset_stats", data=b"{}"), timeout=10)
     stop = threading.Event()
     ledger_path = home / "state" / "ledger.sqlite"
     watcher = threading.Thread(target=monitor, args=(sim, phase, stop), daemon=True)
@@ -204,6 +224,8 @@ def report(r: dict[str, Any], a: argparse.Namespace) -> None:
     goal_mean = r["mean_in_flight_until_95"] >= 0.9 * a.concurrency
     goal_wall = r["wall_over_ideal"] <= 1.5
     print(f"\n== {r['phase']} ({r['mode']}), exit codes {r['returncodes']}")
+    if r["phase"] == "fresh":
+        print(f"  seeded by {a.seed_answers} answers of another dataset of the same model")
     print(
         f"  in flight: peak {r['peak_in_flight']}, mean {r['mean_in_flight_until_95']:.0f} until 95% of the requests"
         " were sent"
@@ -239,7 +261,8 @@ def main() -> None:
     ap.add_argument("--scale", type=float, default=10.0, help="divide production tokens and dollars by this")
     ap.add_argument("--latency", type=float, default=2.0, help="fixed simulator latency, seconds")
     ap.add_argument("--concurrency", type=int, default=2000, help="EAGLE_FORGE_MAX_IN_FLIGHT")
-    ap.add_argument("--phases", default="tokens,dollars")
+    ap.add_argument("--phases", default="tokens,fresh,dollars")
+    ap.add_argument("--seed-answers", type=int, default=2000, help="fresh phase: answers of the other dataset")
     ap.add_argument("--mode", default="statistical", choices=("statistical", "hard"))
     ap.add_argument("--token-datasets", type=int, default=1, help="datasets generated at once in the token phase")
     ap.add_argument("--seed", type=int, default=0)
@@ -261,6 +284,14 @@ def main() -> None:
             scaled["token_budget"],
             1e6,
             int(2 * scaled["token_budget"] / scaled["mean_tokens"]),
+        ),
+        "fresh": Phase(
+            "fresh",
+            ["FRESH"],
+            scaled["token_budget"],
+            1e6,
+            int(2 * scaled["token_budget"] / scaled["mean_tokens"]),
+            seed_prompts=a.seed_answers,
         ),
         "dollars": Phase(
             "dollars", ["USD"], 10**13, scaled["usd_budget"], int(1.5 * scaled["usd_budget"] / per_answer_usd)

@@ -109,9 +109,7 @@ def test_a_plan_that_does_not_fit(tmp_path, forge_home, choice):
         doc = json.loads((forge_home / "state" / "generation_plan.json").read_text())
         after_plan = ledger_totals(forge_home).usd_spent
         billed_after_plan = sim.stats(0)["billed_usd"]
-        run = dg.materialize(
-            [gen], partition_key="0000", instance=instance, resources=resources, raise_on_error=False
-        )
+        run = dg.materialize([gen], partition_key="0000", instance=instance, resources=resources, raise_on_error=False)
         failure = next((e for e in run.all_events if e.is_step_failure), None)
         text = "" if failure is None else failure.step_failure_data.error.message
         totals = ledger_totals(forge_home, "P2")
