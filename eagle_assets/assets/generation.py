@@ -103,6 +103,8 @@ def report_metadata(report: PartitionReport) -> dict[str, dg.MetadataValue]:
         "new_this_run": dg.MetadataValue.int(report.ok),
         "truncated_length": dg.MetadataValue.int(report.truncated),
         "skipped_400_403": dg.MetadataValue.int(report.skipped),
+        "skips_asked_again": dg.MetadataValue.int(report.reasked_skips),
+        "request_wide_skips_not_journaled": dg.MetadataValue.int(report.request_wide_skips),
         "failed_retries_exhausted": dg.MetadataValue.int(report.failed),
         "output_tokens_this_run": dg.MetadataValue.int(report.output_tokens),
         "spent_usd_this_run": dg.MetadataValue.float(round(report.spent_usd, 6)),
@@ -174,7 +176,7 @@ def run_generation(
             metadata=meta,
             allow_retries=False,
         )
-    if report.stop_reason == "fatal":
+    if report.stop_reason in ("fatal", "no_success"):
         raise dg.Failure(description=f"generation stopped: {report.stop_detail}", metadata=meta, allow_retries=False)
     if report.stop_reason == "failures":
         raise dg.Failure(
@@ -182,6 +184,8 @@ def run_generation(
             metadata=meta,
             allow_retries=False,
         )
+    if report.stop_reason not in ("completed", "tokens"):  # a stop nobody described must not pass as success
+        raise dg.Failure(description=f"generation stopped ({report.stop_reason}): {report.stop_detail}", metadata=meta)
     meta["rows"] = dg.MetadataValue.int(rows := write_partition_parquet(journal, parquet))
     if rows == 0:
         raise dg.Failure(

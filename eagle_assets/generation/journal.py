@@ -89,17 +89,21 @@ def scan(path: Path) -> JournalScan:
     return JournalScan(records, offset, 0)
 
 
+def supersedes(earlier: dict[str, Any] | None) -> bool:
+    """Whether a record may follow ``earlier`` for the same prompt: only a skip is ever asked again (after a
+    request-wide error, or with ``reask_skipped``); a kept answer is final (a crash can never make a duplicate
+    count)."""
+    return earlier is None or earlier.get("status") != "ok"
+
+
 def read_records(path: Path) -> list[dict[str, Any]]:
-    """Intact records, first occurrence per prompt id (a crash can never make a duplicate count)."""
-    seen: set[str] = set()
-    out = []
+    """Intact records, one per prompt id: its kept answer, else its latest skip (in first-seen order)."""
+    out: dict[str, dict[str, Any]] = {}
     for record in scan(path).records:
         pid = record.get("prompt_id")
-        if pid in seen:
-            continue
-        seen.add(pid)
-        out.append(record)
-    return out
+        if supersedes(out.get(pid)):
+            out[pid] = record
+    return list(out.values())
 
 
 class Journal:
@@ -143,7 +147,8 @@ class Journal:
         self.dropped_bytes = result.dropped_bytes
         self.records: dict[str, dict[str, Any]] = {}
         for record in result.records:
-            self.records.setdefault(record["prompt_id"], record)
+            if supersedes(self.records.get(record["prompt_id"])):
+                self.records[record["prompt_id"]] = record
 
     def __contains__(self, prompt_id: str) -> bool:
         return prompt_id in self.records
@@ -155,8 +160,9 @@ class Journal:
         return len(self.records)
 
     def append_many(self, records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Write and fsync a batch (group commit); returns the records that were new."""
-        fresh = [r for r in records if r["prompt_id"] not in self.records]
+        """Write and fsync a batch (group commit); returns the records that were new (a prompt's first, or
+        one after its skip)."""
+        fresh = [r for r in records if supersedes(self.records.get(r["prompt_id"]))]
         if not fresh:
             return []
         if self._fence is not None:

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 from eagle_assets.datasets.prompts import Prompt
 from eagle_assets.generation.account_snapshot import AccountSnapshot, take_snapshot
 from eagle_assets.generation.admission import AdmissionPolicy
+from eagle_assets.generation.breaker import RequestWideBreaker
 from eagle_assets.generation.concurrency import AdaptiveLimiter
 from eagle_assets.generation.journal import Journal
 from eagle_assets.generation.ledger import BudgetLedger, Denial, Reservation, ReservationRequest, Settlement
@@ -91,6 +92,12 @@ class GenerationSettings:
     stream_idle_timeout_s: float = 60.0
     # Attempts that may have been billed are charged provisionally and settled from /generation later.
     settlement: SettlementSchedule = field(default_factory=SettlementSchedule)
+    # A request-wide error (``breaker``): this many skips of one class and message with no success between stop
+    # the run as fatal (0: never); until the first success at most this many requests are out, for
+    # ``probe_window_s`` or while skips come back. ``reask_skipped``: journaled skips are asked again.
+    breaker_threshold: int = 8
+    probe_window_s: float = 1.0
+    reask_skipped: bool = False
 
     def __post_init__(self) -> None:
         if self.budget_usd < 0:
@@ -103,6 +110,8 @@ class GenerationSettings:
             raise ValueError("stream_idle_timeout_s must be positive")
         if not 0.0 <= self.tail_fraction < 1.0:
             raise ValueError("tail_fraction must be in [0, 1)")
+        if self.breaker_threshold < 0 or self.probe_window_s < 0:
+            raise ValueError("breaker_threshold and probe_window_s must be >= 0")
 
 
 @dataclass
@@ -134,7 +143,7 @@ class PartitionReport:
     skipped: int = 0
     failed: int = 0  # retries exhausted this run
     not_started: int = 0
-    stop_reason: str = "completed"  # completed | budget | credits | tokens | fatal | failures
+    stop_reason: str = "completed"  # completed | budget | credits | tokens | fatal | failures | no_success
     stop_detail: str = ""
     spent_usd: float = 0.0  # this run, all kinds
     discarded_usd: float = 0.0
@@ -143,6 +152,9 @@ class PartitionReport:
     uncertain_usd: float = 0.0
     settled_earlier_usd: float = 0.0  # given back this run on attempts charged by earlier or other runs
     uncertain_pending: int = 0  # this run's attempts still unsettled at its end (a later run settles them)
+    reasked_skips: int = 0  # journaled skips asked again this run (not final, or ``reask_skipped``)
+    unconfirmed_skips: int = 0  # skips journaled as not final: no success in the partition, asked again next run
+    request_wide_skips: int = 0  # skips of the error that opened the breaker: not journaled
     output_tokens: int = 0
     requests: int = 0
     elapsed_s: float = 0.0
@@ -223,6 +235,11 @@ class PartitionRunner:
         self._settler = LazySettler(ledger, getattr(client, "generation", None), settings.settlement, self.emit)
         self._queue: deque[Prompt] = deque()  # prompts not yet reserved (every_turn adds next turns to it)
         self._prompt_tokens: dict[str, int] = {}
+        self.breaker = RequestWideBreaker(settings.breaker_threshold)
+        self._held: list[dict[str, Any]] = []  # skips not journaled until a success says the request works
+        self._probe_over = False
+        self._probe_taken = 0  # prompts taken while the first wave waits for a success
+        self._nothing_bought = ""  # why a partition with skips and no success fails
 
     # --- cost model ---------------------------------------------------------------------------
     def prompt_tokens(self, prompt: Prompt) -> int:
@@ -282,8 +299,11 @@ class PartitionRunner:
             self.report.refunded_orphans_usd = self.ledger.correct_orphans(self.job.key, actual)
             await self._settle_earlier()  # orphans of killed runs, attempts earlier runs left uncertain
             if self.job.chains is None:
-                pending = [p for p in self.job.prompts if p.prompt_id not in journal]
+                pending = [p for p in self.job.prompts if self._to_ask(journal, p.prompt_id)]
                 self.report.already_done = self.report.total - len(pending)
+                self.report.reasked_skips = sum(p.prompt_id in journal for p in pending)
+                if self.report.reasked_skips:
+                    self.emit(f"{self.job.key}: asking {self.report.reasked_skips} skipped prompts again")
             else:
                 pending, owed = self.job.chains.resume(journal.records)
                 journal.append_many(owed)  # chains that ended at a journaled turn before a crash marked the rest
@@ -300,6 +320,7 @@ class PartitionRunner:
                 if self._tasks:
                     await asyncio.gather(*self._tasks)
                 await self._commit_q.join()
+                await self._journal_held(journal)
             finally:
                 for t in (reporter, poller, settling):
                     t.cancel()
@@ -315,6 +336,9 @@ class PartitionRunner:
             raise self._commit_error
         r = self.report
         r.not_started = r.total - r.done - r.failed - (self.job.chains.turns_after_dead() if self.job.chains else 0)
+        if r.stop_reason == "completed" and self._nothing_bought:
+            r.stop_reason = "no_success"
+            r.stop_detail = self._nothing_bought
         if r.stop_reason == "completed" and r.not_started:
             r.stop_reason = "budget"
             r.stop_detail = f"{r.not_started} prompts could not be reserved again for a retry"
@@ -328,14 +352,32 @@ class PartitionRunner:
         return r
 
     # --- admission ----------------------------------------------------------------------------
+    def _probing(self, now: float) -> bool:
+        """The first wave waits: until the first success, at most ``breaker_threshold`` prompts are taken, for
+        ``probe_window_s``, or while their skips come back, until they have all answered. A request-wide error
+        then costs that many requests, not a wave of ``max_in_flight``."""
+        if self._probe_over:
+            return False
+        if self.breaker.probing:
+            if now - self._ramp_start < self.s.probe_window_s:
+                return True
+            if self.breaker.suspect and self._busy > 0:
+                return True  # skips came back: wait for the rest of the probe before opening
+        self._probe_over = True
+        self._ramp_start = now  # the slow start opens from here
+        return False
+
     def _limit_now(self) -> int:
         """Prompts this process may work on at once: its account-wide share, opened gradually at the start."""
         limit = self._slot_limit
+        now = time.monotonic()
+        if self._probing(now):
+            return max(0, min(limit, self.breaker.threshold - self._probe_taken + self._busy))
         ramp = self.s.startup_ramp_s
         if ramp is None:
             ramp = 0.00025 * self.s.max_in_flight
         if ramp > 0:
-            elapsed = time.monotonic() - self._ramp_start
+            elapsed = now - self._ramp_start
             if elapsed < ramp:
                 limit = min(limit, max(1, math.ceil(self.s.max_in_flight * elapsed / ramp)))
         return limit
@@ -376,6 +418,8 @@ class PartitionRunner:
         try:
             while self._ready and self._workers <= self._limit_now() and not self._abort.is_set():
                 prompt, res = self._ready.popleft()
+                if not self._probe_over:
+                    self._probe_taken += 1
                 if len(self._ready) < 2 * self.s.reserve_chunk:
                     self._wake.set()
                 self._busy += 1
@@ -635,6 +679,7 @@ class PartitionRunner:
                     res = again[0]
                     continue
                 self.limiter.on_success(raw.latency_s)
+                self._confirm_skips()
                 record = success_record(
                     prompt,
                     out.data,
@@ -688,7 +733,7 @@ class PartitionRunner:
                 await self._sleep(self.s.retry.delay(failures, out.retry_after_s))
                 continue
             if out.action is Action.SKIP:
-                await self._commit_q.put((skipped_record(prompt, out.error_class, out.message, attempts), res))
+                self._skip(prompt, res, out, attempts)
                 return
             self.ledger.release(res)
             if out.action is Action.STOP_CREDITS:
@@ -749,6 +794,61 @@ class PartitionRunner:
         r.spent_usd -= tally.refunded_own_usd
         r.settled_earlier_usd = tally.refunded_usd - tally.refunded_own_usd
         r.uncertain_pending = tally.pending_own
+
+    # --- skips and request-wide errors ----------------------------------------------------------
+    def _to_ask(self, journal: Journal, prompt_id: str) -> bool:
+        """Not journaled yet, or journaled as a skip that is asked again: one no success confirmed (not
+        final), or any with ``reask_skipped`` (after a change of configuration)."""
+        record = journal.records.get(prompt_id)
+        if record is None:
+            return True
+        return record.get("status") == "skipped" and (self.s.reask_skipped or record.get("final") is False)
+
+    def _skip(self, prompt: Prompt, res: Reservation, out: Outcome, attempts: int) -> None:
+        """A skip waits until a success shows the request itself works; if it is one of ``breaker_threshold``
+        alike with no success between, the error is request-wide: the run stops and nothing is journaled."""
+        self.ledger.release(res)  # a refusal is not billed (a cost it reported was recorded above)
+        trip = self.breaker.on_skip(out.error_class, out.message)
+        if trip is not None:
+            self._held = [r for r in self._held if not self.breaker.is_tripped_by(r["error_class"], r["message"])]
+            self.report.request_wide_skips = trip.count
+            self._stop("fatal", trip.describe(), abort=True)
+            return
+        if self.breaker.is_tripped_by(out.error_class, out.message):
+            self.report.request_wide_skips += 1
+            return
+        record = skipped_record(prompt, out.error_class, out.message, attempts)
+        if self.job.chains is not None:
+            # A turn's skip ends its conversation (``turn_chains``), which must see it now: journaled at once.
+            self._commit_q.put_nowait((record, None))
+            return
+        self._held.append(record)
+
+    def _confirm_skips(self) -> None:
+        """A success: the request works, so the skips held so far are the prompts' own; journal them."""
+        self.breaker.on_success()
+        for record in self._held:
+            self._commit_q.put_nowait((record, None))
+        self._held.clear()
+
+    async def _journal_held(self, journal: Journal) -> None:
+        """At the end: skips still held are final if the partition has a success, else asked again next run."""
+        if self._held:
+            final = self.report.ok > 0 or any(r.get("status") == "ok" for r in journal)
+            for record in self._held:
+                record["final"] = final
+                self._commit_q.put_nowait((record, None))
+            self.report.unconfirmed_skips = 0 if final else len(self._held)
+            self._held.clear()
+            await self._commit_q.join()
+        skips = [r for r in journal if r.get("status") == "skipped"]
+        if skips and not any(r.get("status") == "ok" for r in journal):
+            top = Counter((r.get("error_class"), r.get("message") or "") for r in skips).most_common(1)[0][0]
+            self._nothing_bought = (
+                f"all {len(skips)} answered prompts of the partition were skipped and none succeeded (most: {top[0]}:"
+                f" {top[1] or 'no message'}); a partition with nothing bought fails. The skips not confirmed by a"
+                " success are asked again on the next run; set reask_skipped to ask all of them again"
+            )
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):

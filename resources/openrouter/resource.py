@@ -110,6 +110,16 @@ class OpenRouterResource(ConfigurableResource):
     )
     request_timeout_s: float = 600.0
     max_attempts: int = Field(10, description="Failed attempts (5xx, timeouts, torn bodies...) allowed per prompt")
+    breaker_threshold: int = Field(
+        8,
+        ge=0,
+        description="This many skips (400/403) of one class and message with no success between stop the run as a"
+        " request-wide error, journaling none of them; the first wave waits for a success up to this many (0: off)",
+    )
+    breaker_probe_s: float = Field(1.0, ge=0, description="How long the first wave stays at breaker_threshold requests")
+    reask_skipped: bool = Field(
+        False, description="Ask every journaled skip again (after changing the request: model, parameters, routing)"
+    )
     max_congestion_waits: int = Field(200, description="429/in-flight-402/503 waits per prompt (pacing, not failure)")
     retry_base_delay_s: float = 0.5
     retry_max_delay_s: float = 60.0
@@ -172,6 +182,9 @@ class OpenRouterResource(ConfigurableResource):
                 token_overshoot=self.token_overshoot,
             ),
             tail_fraction=self.budget_tail_fraction,
+            breaker_threshold=self.breaker_threshold,
+            probe_window_s=self.breaker_probe_s,
+            reask_skipped=self.reask_skipped,
         )
 
     def ledger_file(self) -> Path:

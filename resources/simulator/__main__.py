@@ -81,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-generation-id-header", action="store_true", help="answer without X-Generation-Id, as older responses"
     )
     p.add_argument(
+        "--request-wide-400", default=None, metavar="MESSAGE", help="answer every chat request with this 400"
+    )
+    p.add_argument(
         "--plain-body-at-end",
         action="store_true",
         help="non-streaming answers come whole at the end (no early head, no whitespace padding)",
@@ -190,6 +193,7 @@ def config_from_namespace(args: argparse.Namespace) -> SimulatorConfig:
         generation_404_ms=args.generation_404_ms,
         generation_id_header=not args.no_generation_id_header,
         plain_head_first=not args.plain_body_at_end,
+        request_wide_400=args.request_wide_400,
         cache_size=args.cache_size,
         backlog=args.backlog,
         stream_chunks=args.stream_chunks,

@@ -152,6 +152,9 @@ class ChatCompletions(PlainAnswer, StreamAnswer):
             return self._answer(400, "bad_request", error_body(400, "Invalid JSON in request body"))
         except BadRequest as exc:
             return self._answer(400, "bad_request", error_body(400, exc.message))
+        if state.request_wide_error is not None:
+            # The request itself is refused, whatever the prompt (a parameter the endpoint will not take).
+            return self._answer(400, "request_wide_400", error_body(400, state.request_wide_error))
 
         forced_fault: str | None = None
         if marker is not None:

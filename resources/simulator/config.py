@@ -183,6 +183,9 @@ class SimulatorConfig:
     # A non-streaming answer sends its head (200 and the id header) at once and pads with whitespace while
     # the model runs, as OpenRouter does; False: the whole answer at the end (no padding, no early id).
     plain_head_first: bool = True
+    # Answer every chat request with a 400 of this message, as for a parameter the endpoint refuses
+    # ("Reasoning is mandatory for this endpoint and cannot be disabled."); None: off. Settable at runtime.
+    request_wide_400: str | None = None
     cache_size: int = 16_384  # prepared responses kept (LRU)
     max_generations_kept: int = 200_000  # /generation records kept (oldest dropped)
     backlog: int = 8192

@@ -85,6 +85,10 @@ class SimulatorHandle:
         """How long /generation answers 404 after a generation completed, from now on."""
         self.call(lambda: setattr(self.state, "generation_404_ms", float(ms)))
 
+    def set_request_wide_error(self, message: str | None) -> None:
+        """Answer every chat request with a 400 of ``message`` (None: answer normally again)."""
+        self.call(lambda: setattr(self.state, "request_wide_error", message))
+
     def stats(self, generations_limit: int | None = None) -> dict[str, Any]:
         return self.call(lambda: self.state.snapshot(generations_limit))
 
@@ -160,6 +164,8 @@ def config_to_args(config: SimulatorConfig) -> list[str]:
         args.append("--no-generation-id-header")
     if not config.plain_head_first:
         args.append("--plain-body-at-end")
+    if config.request_wide_400 is not None:
+        args += ["--request-wide-400", config.request_wide_400]
     if config.workspace_budget_usd is not None:
         args += ["--workspace-budget", repr(config.workspace_budget_usd)]
     simple = [
@@ -247,6 +253,9 @@ class SimulatorProcess:
 
     def set_generation_window(self, ms: float) -> None:
         _http_json(f"{self.root_url}/_sim/generation_window", {"ms": ms})
+
+    def set_request_wide_error(self, message: str | None) -> None:
+        _http_json(f"{self.root_url}/_sim/request_wide_error", {"message": message})
 
     def terminate(self, timeout: float = 10.0) -> int:
         if self.proc.poll() is None:

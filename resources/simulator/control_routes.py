@@ -48,6 +48,18 @@ class ControlRoutes:
             return json_response(400, error_body(400, f"bad generation window: {exc}"))
         return json_response(200, {"generation_404_ms": self.state.generation_404_ms})
 
+    async def admin_request_wide_error(self, request: web.Request) -> web.Response:
+        """Answer every chat request with a 400 of ``{"message": …}`` from now on (null: stop)."""
+        try:
+            body = orjson.loads(await request.read())
+            message = body["message"]
+            if message is not None and not isinstance(message, str):
+                raise TypeError("message must be a string or null")
+        except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
+            return json_response(400, error_body(400, f"bad request-wide error: {exc}"))
+        self.state.request_wide_error = message
+        return json_response(200, {"request_wide_error": message})
+
     async def admin_stats(self, request: web.Request) -> web.Response:
         raw = request.query.get("generations")
         limit = int(raw) if raw is not None and raw.isdigit() else None

@@ -69,6 +69,7 @@ def build_app(config: SimulatorConfig, generator: ResponseGenerator | None = Non
     app.router.add_post("/_sim/faults", control.admin_faults)
     app.router.add_post("/_sim/reset_stats", control.admin_reset_stats)
     app.router.add_post("/_sim/generation_window", control.admin_generation_window)
+    app.router.add_post("/_sim/request_wide_error", control.admin_request_wide_error)
 
     async def persistence(app: web.Application) -> Any:
         state.flush()

@@ -4,6 +4,7 @@ import asyncio
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -68,6 +69,7 @@ class Harness:
         idle_s: float = 1.0,
         settlement: SettlementSchedule | None = None,
         chains: TurnChains | None = None,
+        **settings_kw: Any,
     ) -> PartitionReport:
         settings = GenerationSettings(
             model=model,
@@ -82,6 +84,7 @@ class Harness:
             key_poll_interval_s=key_poll_s,
             commit_interval_s=0.01,
             settlement=settlement or SettlementSchedule(first_lookup_s=0.05, loop_interval_s=0.1, final_wait_s=3.0),
+            **settings_kw,
         )
         job = PartitionJob(dataset, shard, prompts, token_budget, self.journal(shard), chains)
         estimator = tokenizer_estimator(load_kimi_tokenizer(tokenizer_dir()))

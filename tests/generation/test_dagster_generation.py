@@ -208,3 +208,28 @@ def test_tokenized_partition_matches_the_api_token_counts_exactly(tmp_path, forg
             else:
                 assert ids[-1] == EOT_ID and ids[row["prompt_len"] :].count(EOT_ID) == 1
         assert set(frame["finish_reason"]) >= {"length"}  # max_tokens 64 cuts some responses
+
+
+def test_a_request_wide_400_fails_the_run_and_the_partition_is_bought_once_fixed(tmp_path, forge_home):
+    """The issue's case through a real Dagster instance: every chat request answered with the same 400."""
+    mandatory = "Reasoning is mandatory for this endpoint and cannot be disabled."
+    spec = DatasetSpec("K5", write_prompts(tmp_path / "k5.jsonl", 40, tag="w"), 10**9, 40)
+    asset = build_generated_asset(spec)
+    cfg = SimulatorConfig(latency=LatencyConfig.fixed(0.005), mean_completion_tokens=50, tokenizer_dir=tokenizer_dir())
+    with run_simulator_in_thread(cfg) as sim, dg.instance_for_test() as instance:
+        sim.set_request_wide_error(mandatory)
+        resources = {"openrouter": resource_for(sim.base_url), "duckdb": DuckDBResource()}
+        result = dg.materialize(
+            [asset], partition_key="0000", instance=instance, resources=resources, raise_on_error=False
+        )
+        assert not result.success
+        failure = next(e for e in result.all_events if e.is_step_failure)
+        text = failure.step_failure_data.error.message + str(failure.step_failure_data.user_failure_data)
+        assert "request-wide error" in text and mandatory in text
+        assert sim.stats(0)["requests_received"] <= 8  # the breaker's threshold, not the 40 prompts
+        assert read_records(forge_home / "journal" / "K5" / "0000.journal") == []  # no skip journaled as final
+        sim.set_request_wide_error(None)
+        result = dg.materialize([asset], partition_key="0000", instance=instance, resources=resources)
+        assert result.success
+        md = result.asset_materializations_for_node(asset.node_def.name)[0].metadata
+        assert md["rows"].value == 40 and md["new_this_run"].value == 40

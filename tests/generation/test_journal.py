@@ -29,6 +29,20 @@ def test_roundtrip_and_dedup(tmp_path):
         assert len(j) == 3 and "p2" in j and "p9" not in j
 
 
+def test_a_skip_may_be_followed_by_a_later_record_a_kept_answer_never(tmp_path):
+    path = tmp_path / "j.journal"
+    skip = {"prompt_id": "p1", "status": "skipped", "error_class": "bad_request", "final": False}
+    with Journal(path) as j:
+        assert j.append_many([skip, rec(2)]) == [skip, rec(2)]
+        # The skipped prompt asked again: its answer follows the skip; the kept one is never replaced.
+        assert j.append_many([rec(1), {**rec(2), "content": "again"}]) == [rec(1)]
+        assert j.records["p1"] == rec(1)
+    assert read_records(path) == [rec(1), rec(2)]  # one record per prompt, the kept answer
+    assert len(scan(path).records) == 3
+    with Journal(path) as j:
+        assert j.records["p1"]["status"] == "ok" and j.append_many([skip]) == []
+
+
 @pytest.mark.parametrize("cut", [1, 5, 9, 20, -2, -1])
 def test_torn_tail_is_dropped_and_truncated(tmp_path, cut):
     path = tmp_path / "j.journal"

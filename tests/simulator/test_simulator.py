@@ -740,6 +740,7 @@ def test_config_round_trips_through_cli_flags(tmp_path: Path):
         leading_space_rate=0.5,
         generation_id_header=False,
         plain_head_first=False,
+        request_wide_400="Reasoning is mandatory for this endpoint and cannot be disabled.",
     )
     assert config_from_args(config_to_args(cfg)) == cfg
     assert config_from_args(config_to_args(SimulatorConfig())) == SimulatorConfig()
