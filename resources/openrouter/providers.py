@@ -18,6 +18,7 @@ Unknown or missing quantization is refused unless the provider is named in
 ``trust_unknown_quantization``: nobody can say what weights such an endpoint runs.
 """
 
+import dataclasses
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -207,6 +208,22 @@ class ProviderTable:
         if self.policy.sort:
             body["sort"] = self.policy.sort
         return body
+
+    def removed_by_require_parameters(self) -> list[tuple[Endpoint, list[str]]]:
+        """Endpoints that would serve but for a parameter we send and they do not list, with those parameters:
+        ``require_parameters`` removes them from routing, which must never happen unseen (the reference
+        endpoint, Moonshot's own, may list neither ``temperature`` nor ``top_p``)."""
+        if not self.policy.require_parameters:
+            return []
+        out = []
+        relaxed = dataclasses.replace(self.policy, require_parameters=False)
+        for e in self.endpoints:
+            if e.supported_parameters is None or not relaxed.verdict(e, self.requested_parameters)[0]:
+                continue
+            missing = sorted(set(self.requested_parameters) - set(e.supported_parameters))
+            if missing:
+                out.append((e, missing))
+        return out
 
     def require_allowed(self) -> None:
         if self.allowed:

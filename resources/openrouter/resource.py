@@ -57,8 +57,12 @@ class OpenRouterResource(ConfigurableResource):
         True, description="A loopback simulator needs no real key: use a placeholder when none is configured"
     )
     max_tokens: int = Field(16384, description="max_tokens per request (also the reservation's worst case)")
-    temperature: float | None = 1.0
-    top_p: float | None = 0.95
+    temperature: float | None = Field(
+        None,
+        description="Sent only when set (else the provider's default): with require_parameters every endpoint that"
+        " does not list it is dropped, and Moonshot's own endpoint may list neither temperature nor top_p",
+    )
+    top_p: float | None = Field(None, description="Sent only when set (see temperature)")
     extra_body: dict[str, Any] = Field(default_factory=dict, description="Extra request fields (e.g. reasoning)")
     quantizations: list[str] = Field(default_factory=lambda: list(DEFAULT_QUANTIZATIONS))
     ignore_providers: list[str] = Field(default_factory=lambda: list(DEFAULT_IGNORED))
@@ -216,6 +220,12 @@ class OpenRouterResource(ConfigurableResource):
             parse_endpoints(await client.endpoints(self.model)), self.policy(), self.requested_parameters(with_tools)
         )
         log.info(f"endpoints of {self.model}:\n{table.render()}")
+        for endpoint, missing in table.removed_by_require_parameters():
+            log.warning(
+                f"require_parameters removes {endpoint.provider_name} [{endpoint.tag or endpoint.slug}] from routing:"
+                f" it does not list {', '.join(missing)}, which every request sends (unset the parameter, or set"
+                " require_parameters false to let providers ignore what they do not support)"
+            )
         table.require_allowed()
         return table
 

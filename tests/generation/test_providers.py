@@ -114,3 +114,26 @@ def test_response_names_compare_case_insensitively_in_the_runner_and_the_data_ch
     # Spelled as /endpoints spells it or as a response does, BaseTen is the same provider to the check.
     mixed = [generated_row("e", provider="Baseten"), generated_row("f", provider="BaseTen")]
     assert v.check_allowed_providers(write_generated(tmp_path / "bt.parquet", mixed), ["BaseTen"], SETTINGS).passed
+
+
+def test_sampling_parameters_only_when_configured_and_every_removal_is_named():
+    """Moonshot's own endpoint listed without temperature/top_p (as its K2.6 one is): sent by default, those
+    parameters would drop the reference endpoint; now they are sent only when configured, and a removal is named."""
+    from resources.openrouter.resource import OpenRouterResource
+
+    listing = parse_endpoints(json.loads((FIXTURES / "account/endpoints_moonshot_no_sampling.json").read_text()))
+    default = OpenRouterResource()
+    assert "temperature" not in default.generation_settings().sampling and "top_p" not in default.requested_parameters(
+        False
+    )
+    table = ProviderTable(listing, default.policy(), default.requested_parameters(False))
+    assert "moonshotai/int4" in {e.tag for e in table.allowed} and table.removed_by_require_parameters() == []
+    hot = OpenRouterResource(temperature=1.0, top_p=0.95)
+    assert hot.generation_settings().sampling == {"temperature": 1.0, "top_p": 0.95}
+    table = ProviderTable(listing, hot.policy(), hot.requested_parameters(False))
+    removed = {e.tag: missing for e, missing in table.removed_by_require_parameters()}
+    assert removed == {"moonshotai/int4": ["temperature", "top_p"], "siliconflow/int4": ["top_p"]}
+    assert "moonshotai/int4" not in {e.tag for e in table.allowed}
+    assert reason(table, "moonshotai/int4") == "NO: lacks temperature, top_p (require_parameters)"
+    # An endpoint refused for another reason (fp4, status) is not reported as removed by require_parameters.
+    assert not any(tag.startswith(("deepinfra/fp4", "fireworks", "together")) for tag in removed)

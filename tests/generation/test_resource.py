@@ -1,5 +1,6 @@
 """The resource's configuration maps onto the engine's settings field by field; the account cap."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -93,3 +94,38 @@ def test_target_selection(monkeypatch):
     monkeypatch.setenv("EAGLE_FORGE_TARGET", "elsewhere")
     with pytest.raises(TargetConfigError, match="must be 'simulator' or 'openrouter'"):
         openrouter_from_env()
+
+
+class _Lines:
+    """A logger that keeps what it is told (the run log's info and warning lines)."""
+
+    def __init__(self) -> None:
+        self.info_lines: list[str] = []
+        self.warning_lines: list[str] = []
+
+    def info(self, msg: str) -> None:
+        self.info_lines.append(msg)
+
+    def warning(self, msg: str) -> None:
+        self.warning_lines.append(msg)
+
+
+async def test_every_endpoint_require_parameters_removes_is_logged_with_the_parameter():
+    from resources.simulator.config import DEFAULT_PROVIDERS, SUPPORTED_PARAMETERS, SimulatorConfig
+    from resources.simulator.control import run_simulator_in_thread
+
+    bare = tuple(p for p in SUPPORTED_PARAMETERS if p not in ("temperature", "top_p"))
+    providers = tuple(
+        dataclasses.replace(e, supported_parameters=bare) if e.slug == "moonshotai" else e for e in DEFAULT_PROVIDERS
+    )
+    with run_simulator_in_thread(SimulatorConfig(providers=providers)) as sim:
+        for res, removed in (
+            (OpenRouterResource(base_url=sim.base_url, api_key_file=""), []),
+            (OpenRouterResource(base_url=sim.base_url, api_key_file="", temperature=0.6), ["moonshotai/int4"]),
+        ):
+            log = _Lines()
+            async with res.client() as client:
+                table = await res.provider_table(client, log)
+            assert [line.split("[")[1].split("]")[0] for line in log.warning_lines] == removed
+            assert ("moonshotai/int4" in {e.tag for e in table.allowed}) is not removed
+    assert "does not list temperature, which every request sends" in log.warning_lines[0]
