@@ -91,6 +91,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-size", type=int, default=_DEFAULTS.cache_size)
     p.add_argument("--backlog", type=int, default=_DEFAULTS.backlog)
     p.add_argument("--stream-chunks", type=int, default=_DEFAULTS.stream_chunks)
+    p.add_argument(
+        "--usage-chunk-with-choice-rate",
+        type=float,
+        default=_DEFAULTS.usage_chunk_with_choice_rate,
+        help="share of streams whose usage chunk repeats the finish choice (the rest send choices: [])",
+    )
     p.add_argument("--state-flush-interval", type=float, default=_DEFAULTS.state_flush_interval_s)
     p.add_argument(
         "--providers-json", default=None, help="JSON list of ProviderEndpoint objects replacing the defaults"
@@ -197,6 +203,7 @@ def config_from_namespace(args: argparse.Namespace) -> SimulatorConfig:
         cache_size=args.cache_size,
         backlog=args.backlog,
         stream_chunks=args.stream_chunks,
+        usage_chunk_with_choice_rate=args.usage_chunk_with_choice_rate,
         state_flush_interval_s=args.state_flush_interval,
         tiny_target_dir=_tiny_target_dir(args),
         tiny_target_max_batch=args.tiny_target_max_batch,

@@ -118,10 +118,14 @@ class ChatCore:
             self.cache.put(key, prepared)
         return prepared
 
+    def _draw(self, what: str, content_hash: str, rate: float) -> bool:
+        """A fixed draw per prompt and purpose, true at ``rate``."""
+        digest = hashlib.blake2b(f"{what}:{self.config.seed}:{content_hash}".encode(), digest_size=4).digest()
+        return int.from_bytes(digest, "big") < rate * _SPACE_DRAW
+
     def _leading_space(self, content_hash: str) -> bool:
         """A fixed draw per prompt (text never depends on the attempt), at ``leading_space_rate``."""
-        digest = hashlib.blake2b(f"space:{self.config.seed}:{content_hash}".encode(), digest_size=4).digest()
-        return int.from_bytes(digest, "big") < self._leading_space_rate * _SPACE_DRAW
+        return self._draw("space", content_hash, self._leading_space_rate)
 
     def _usage(self, prompt_tokens: int, completion_tokens: int, reasoning_tokens: int, cost: float) -> dict[str, Any]:
         return {

@@ -176,8 +176,13 @@ class StreamAnswer(ChatCore):
             sent = len(deltas) + 1  # billed in full from here on
             usage = self._usage(prepared.prompt_tokens, prepared.completion_tokens, prepared.reasoning_tokens, cost)
             await resp.write(chunk({"role": "assistant", "content": ""}, prepared.finish_reason))
-            # Usage comes last, in a chunk of its own with no choices.
-            await resp.write(b"data: " + orjson.dumps({**base, "choices": [], "usage": usage}) + b"\n\n" + _DONE)
+            # Usage comes last, in a chunk of its own: most recorded streams repeat the finish choice there,
+            # the others send ``choices: []`` (a fixed draw per prompt, as text never depends on the attempt).
+            if self._draw("usage-choice", req.content_hash, cfg.usage_chunk_with_choice_rate):
+                last = chunk({"role": "assistant", "content": ""}, prepared.finish_reason, usage=usage)
+            else:
+                last = b"data: " + orjson.dumps({**base, "choices": [], "usage": usage}) + b"\n\n"
+            await resp.write(last + _DONE)
             await resp.write_eof()
         except (asyncio.CancelledError, ConnectionError):
             if sent <= len(deltas) and billable and not state.stopping:

@@ -181,6 +181,7 @@ def config_to_args(config: SimulatorConfig) -> list[str]:
         ("tiny_target_dir", "--tiny-target"),
         ("tiny_target_max_batch", "--tiny-target-max-batch"),
         ("leading_space_rate", "--leading-space-rate"),
+        ("usage_chunk_with_choice_rate", "--usage-chunk-with-choice-rate"),
     ]
     for name, flag in simple:
         value = getattr(config, name)

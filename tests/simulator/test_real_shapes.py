@@ -143,6 +143,28 @@ async def test_generation_id_header_and_the_id_opens_body_and_stream():
     assert plain.startswith(b'{"id":"gen-') and b"data: " in stream
 
 
+async def test_streams_send_both_usage_chunk_shapes_and_each_reassembles():
+    """Most recorded streams repeat the finish choice on the usage chunk; the others send ``choices: []``."""
+    shapes = []
+    with simulator(usage_chunk_with_choice_rate=0.5) as sim:
+        async with (
+            aiohttp.ClientSession(headers={"Authorization": "Bearer sk-or-test"}) as s,
+            OpenRouterClient(sim.base_url, ApiKey("sk-or-test")) as client,
+        ):
+            for i in range(30):
+                payload = body(f"usage shape {i}", stream=True)
+                async with s.post(f"{sim.base_url}/chat/completions", json=payload) as r:
+                    raw = await r.read()
+                last = orjson.loads(raw.split(b"data: ")[-2])
+                shapes.append(bool(last["choices"]))
+                if last["choices"]:
+                    assert last["choices"][0]["finish_reason"] in ("stop", "tool_calls", "length")
+                again = await client.chat_completion(payload)  # the same prompt: the same shape, reassembled
+                out = classify(again)
+                assert out.error_class == "ok" and out.data["usage"] == last["usage"]
+    assert 5 <= sum(shapes) <= 25  # both shapes, about half each
+
+
 async def test_leading_spaces_and_null_content_beside_tool_calls():
     tk = load_kimi_tokenizer("bundled")
     spaced, plain, null_content = 0, 0, 0

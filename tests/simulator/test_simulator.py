@@ -569,8 +569,9 @@ def _reassemble(raw: bytes) -> tuple[dict[str, Any], dict[str, Any], str, list[s
             continue
         chunk = orjson.loads(line.removeprefix("data: "))
         assert chunk["object"] == "chat.completion.chunk" and chunk["id"].startswith("gen-")
-        if not chunk["choices"]:  # the last chunk: usage, no choices
+        if chunk.get("usage"):  # the last chunk: usage, with the finish choice repeated or no choices
             usage = chunk["usage"]
+        if not chunk["choices"]:
             continue
         choice = chunk["choices"][0]
         delta = choice["delta"]
@@ -741,6 +742,7 @@ def test_config_round_trips_through_cli_flags(tmp_path: Path):
         generation_id_header=False,
         plain_head_first=False,
         request_wide_400="Reasoning is mandatory for this endpoint and cannot be disabled.",
+        usage_chunk_with_choice_rate=0.25,
     )
     assert config_from_args(config_to_args(cfg)) == cfg
     assert config_from_args(config_to_args(SimulatorConfig())) == SimulatorConfig()
