@@ -128,7 +128,7 @@ async def run_engine(url: str, n: int, c: int, stream: bool = False) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="bench-engine-"))
     prompts = [Prompt(f"p{i}", _payload(i)["messages"], None, i, i) for i in range(n)]
     job = PartitionJob("BENCH", "0000", prompts, 10**12, tmp / "j.journal")
-    ledger = BudgetLedger(tmp / "ledger.sqlite")
+    ledger = BudgetLedger(os.environ.get("EAGLE_FORGE_DATABASE_URL") or tmp / "ledger.sqlite")  # bench_ledger
     settings = GenerationSettings(
         model="moonshotai/kimi-k2.5",
         max_tokens=PAYLOAD["max_tokens"],

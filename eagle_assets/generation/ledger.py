@@ -753,7 +753,7 @@ class BudgetLedger:
         gives them back as its requests finish (``held = max(in_use, limit)``), so the sum of what is
         held never passes the capacity.
         """
-        if time.monotonic() - self._last_dead_check > DEAD_OWNER_CHECK_S:
+        if time.monotonic() - self._last_dead_check > min(DEAD_OWNER_CHECK_S, self.lease_s / 10):
             self.recover_dead_owners()
         with self._tx() as cur:
             self._assert_alive(cur)

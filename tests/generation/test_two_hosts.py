@@ -1,0 +1,41 @@
+"""Two hosts on one machine against one PostgreSQL, one of them SIGKILLed: the small version of
+``benchmarks/two_hosts.py`` (4 datasets split between two process trees, each with its own DAGSTER_HOME on
+dagster-postgres, its own scratch and pid space, flock off; a replacement host takes the dead one's
+partitions over once its leases expire; then a top-up and a rerun to the end)."""
+
+import pytest
+
+from benchmarks.two_hosts import TwoHostConfig, run_two_hosts
+
+
+@pytest.mark.slow
+def test_two_hosts_one_killed_share_one_account(tmp_path):
+    cfg = TwoHostConfig(
+        datasets=4,
+        prompts=150,
+        concurrency=32,
+        latency_median_s=0.1,
+        max_tokens=64,
+        mean_tokens=45,
+        lease_s=3.0,
+        # Below 200 answers a dataset's requests each hold their worst case: the budget (60% of what all prompts
+        # cost) must stay well above what 32 worst cases hold (a fifth of it here), or a host that starts while
+        # the other holds it all stops at once; and an early kill, while host-b surely still runs.
+        budget_share=0.6,
+        kill_at=0.1,
+        launcher="fork",
+        time_limit_s=280,
+    )
+    r = run_two_hosts(cfg, tmp_path, log=lambda _: None)
+    assert r["returncodes"]["host-a (top-up)"] == 0
+    assert r["returncodes"]["host-a"] == r["returncodes"]["host-c"] == 2  # both stopped by the budget, resumably
+    assert r["samples"] > 0 and r["samples_over_cap"] == 0 and r["peak_in_flight"] <= cfg.concurrency
+    assert r["spent_phase_1_usd"] <= r["budget_phase_1_usd"] + 1e-9
+    assert r["billed_phase_1_usd"] <= r["spent_phase_1_usd"] + 1e-9
+    assert r["records_lost"] == 0 and r["records_duplicated"] == 0
+    assert set(r["records"].values()) == {cfg.prompts}
+    assert r["bought_twice_not_orphaned"] == []  # only what the dead host had in flight was bought again
+    assert sum(r["b_records_at_kill"].values()) >= cfg.kill_at * cfg.prompts * 2
+    # Expiry comes at most one lease after the last heartbeat, and a live process asks every lease / 10.
+    assert r["leases_recovered_s"] is not None and r["leases_recovered_s"] <= cfg.lease_s * 1.1 + 0.5
+    assert r["open_at_end"] == 0
