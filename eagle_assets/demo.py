@@ -62,6 +62,7 @@ class Demo:
         self.resources = dict(defs.resources or {})
         self.failed: list[str] = []
         self.succeeded = 0
+        self.last_result: dg.ExecuteInProcessResult | None = None
         self.systemic: str | None = None  # set when a failure would repeat for every partition
 
     def materialize(self, keys: Sequence[dg.AssetKey], label: str, partition: str | None = None, config=None) -> bool:
@@ -76,6 +77,7 @@ class Demo:
             run_config={**QUIET, **({"ops": config} if config else {})},
         )
         elapsed = time.monotonic() - started
+        self.last_result = result
         if result.success:
             self.succeeded += 1
             print(f"  {label}: ok ({elapsed:.1f}s)", flush=True)
@@ -115,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         TINY_TARGET_TRAIN_CONFIG,
         latest_export_dir,
     )
+    from eagle_assets.assets.hidden_state_checks import check_summaries
     from eagle_assets.assets.hidden_states import HIDDEN_STATES_KEY
 
     instance = dg.DagsterInstance.get()
@@ -143,10 +146,12 @@ def main(argv: list[str] | None = None) -> int:
     if demo.failed or args.stop_after == "corpus":
         return finish(demo, start, home, sim)
 
-    print("3/5 hidden states of the tiny target, per corpus shard", flush=True)
+    print("3/5 hidden states of the tiny target, per corpus shard, with their fidelity checks", flush=True)
     for shard in sorted(instance.get_dynamic_partitions(CORPUS_SHARDS.name)):
         if shard.startswith("train-"):
             demo.materialize([HIDDEN_STATES_KEY], f"hidden_states/{shard}", partition=shard)
+            for _, summary in check_summaries(demo.last_result) if demo.last_result else []:
+                print(f"    {summary.split(': ', 1)[-1]}", flush=True)  # the check, passed or FAILED, its figures
     if demo.failed or args.stop_after == "hidden_states":
         return finish(demo, start, home, sim)
 

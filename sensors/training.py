@@ -18,14 +18,25 @@ class TrainingDecision:
 
 
 def decide_training(
-    needed: Sequence[str], latest_by_partition: Mapping[str, int], last_draft_storage_id: int | None
+    needed: Sequence[str],
+    latest_by_partition: Mapping[str, int],
+    last_draft_storage_id: int | None,
+    unchecked: Mapping[str, str] | None = None,
 ) -> TrainingDecision:
+    """``unchecked``: shards whose fidelity checks did not pass on their latest materialization, and why."""
     if not needed:
         return TrainingDecision(False, "no train shards yet: materialize the corpus")
     missing = [k for k in needed if k not in latest_by_partition]
     if missing:
         return TrainingDecision(
             False, f"waiting for hidden states of {len(missing)} of {len(needed)} shards: {missing[:5]}"
+        )
+    blocked = [k for k in needed if k in (unchecked or {})]
+    if blocked:
+        assert unchecked is not None
+        detail = " | ".join(f"{k}: {unchecked[k]}" for k in blocked[:3])
+        return TrainingDecision(
+            False, f"waiting for the fidelity checks of {len(blocked)} of {len(needed)} shards to pass: {detail}"
         )
     newest = max(latest_by_partition[k] for k in needed)
     if last_draft_storage_id is not None and newest < last_draft_storage_id:

@@ -7,6 +7,7 @@ import dagster as dg
 from dagster._core.events import DagsterEventType
 
 from eagle_assets.assets.draft import BENCHMARK_KEY, DRAFT_KEY, train_partitions
+from eagle_assets.assets.hidden_state_checks import fidelity_failures
 from eagle_assets.assets.hidden_states import HIDDEN_STATES_KEY
 from sensors.training import decide_training
 
@@ -24,7 +25,7 @@ def build_training_sensor(
         asset_selection=dg.AssetSelection.assets(DRAFT_KEY, BENCHMARK_KEY),
         default_status=dg.DefaultSensorStatus.STOPPED,
         description="Train the draft (then benchmark it) when every train shard's hidden states are materialized "
-        "and some are newer than the last draft.",
+        "and have passed their fidelity checks, and some are newer than the last draft.",
     )
     def draft_training(context: dg.SensorEvaluationContext) -> dg.SensorResult | dg.SkipReason:
         instance = context.instance
@@ -33,7 +34,8 @@ def build_training_sensor(
             HIDDEN_STATES_KEY, DagsterEventType.ASSET_MATERIALIZATION, set(needed)
         )
         drafts = instance.fetch_materializations(DRAFT_KEY, limit=1).records
-        decision = decide_training(needed, latest, drafts[0].storage_id if drafts else None)
+        unchecked = fidelity_failures(instance, [k for k in needed if k in latest])
+        decision = decide_training(needed, latest, drafts[0].storage_id if drafts else None, unchecked)
         if not decision.run:
             return dg.SkipReason(decision.reason)
         return dg.SensorResult(

@@ -6,6 +6,7 @@ a process start per check per partition. Blocking specs stop downstream steps of
 corpus asset re-validates its inputs too, so a failing partition cannot slip in through another run.
 """
 
+import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -29,11 +30,23 @@ TOKENIZED_CHECKS: dict[str, str] = {
 }
 
 
-def check_specs(asset_key: dg.AssetKey, checks: dict[str, str], *, blocking: bool) -> list[dg.AssetCheckSpec]:
-    return [
-        dg.AssetCheckSpec(name, asset=asset_key, description=description, blocking=blocking)
-        for name, description in checks.items()
-    ]
+def check_specs(
+    asset_key: dg.AssetKey,
+    checks: dict[str, str],
+    *,
+    blocking: bool,
+    partitions_def: dg.PartitionsDefinition | None = None,
+) -> list[dg.AssetCheckSpec]:
+    """``partitions_def``: results are recorded per partition (what a sensor reads back per shard, and the UI
+    shows per partition). Dagster 1.13 marks that as preview; the version is pinned (< 1.14)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=dg.PreviewWarning, message=".*partitions_def on an AssetCheckSpec")
+        return [
+            dg.AssetCheckSpec(
+                name, asset=asset_key, description=description, blocking=blocking, partitions_def=partitions_def
+            )
+            for name, description in checks.items()
+        ]
 
 
 def _value(value: Any) -> dg.MetadataValue:

@@ -19,6 +19,7 @@ from pydantic import Field
 
 from eagle_assets import settings
 from eagle_assets.assets.draft_benchmark import BenchmarkConfig
+from eagle_assets.assets.hidden_state_checks import fidelity_failures
 from eagle_assets.assets.hidden_states import GPU_POOL, GPU_TAGS, HIDDEN_STATES_KEY, hidden_states_root
 from eagle_assets.corpus.tokenized_schema import EOT_ID
 from eagle_assets.k8s_placement import gpu_step_tags
@@ -185,6 +186,14 @@ def draft_model(
     if not keys or missing:
         raise dg.Failure(
             description=f"hidden states missing for {missing or 'every train shard'}: materialize hidden_states first",
+            allow_retries=False,
+        )
+    unchecked = fidelity_failures(context.instance, keys)
+    if unchecked:
+        raise dg.Failure(
+            description="hidden states of "
+            + "; ".join(f"{k}: {why}" for k, why in unchecked.items())
+            + " — not training on them: fix the extraction and re-materialize those shards",
             allow_retries=False,
         )
     try:

@@ -4,21 +4,33 @@ Partitioned by corpus shard; each partition is a store of its own (``hidden_stat
 atomically and skipped when already complete, so a re-run resumes. These steps
 need the target model and its accelerators: they are tagged and pooled (``gpu``, one at a time per
 host) so that the rest of the pipeline can run anywhere while they run where the GPUs are.
+
+Every materialization ends with three blocking fidelity checks of the store (``hidden_state_checks``): the
+target is run in full on a few of the shard's samples (calibration, HF backend), and the store must match it.
 """
 
 import time
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 import polars as pl
 
 from eagle_assets import settings
 from eagle_assets.assets.corpus import CORPUS_KEY, CORPUS_SHARDS, shard_file
+from eagle_assets.assets.hidden_state_checks import (
+    HIDDEN_STATES_KEY,
+    FidelityCheckConfig,
+    fidelity_check_results,
+    fidelity_check_specs,
+    fidelity_metadata,
+)
+from eagle_assets.corpus.validation import CheckOutcome
+from eagle_assets.hidden_states.fidelity_spec import FidelityConfig
 from eagle_assets.k8s_placement import gpu_step_tags
 from resources.target.resource import TargetModelResource
 
 HIDDEN_STATES_GROUP = "hidden_states"
-HIDDEN_STATES_KEY = dg.AssetKey(["hidden_states"])
 GPU_POOL = "gpu"
 GPU_TAGS = {"eagle-forge/runs-on": "gpu-host", "eagle-forge/stage": "hidden_states"}
 GiB = 1 << 30
@@ -56,10 +68,14 @@ def _progress_logger(context: dg.AssetExecutionContext, every_s: float = 10.0):
     tags=GPU_TAGS,
     op_tags={**GPU_TAGS, **gpu_step_tags()},
     kinds={"pytorch", "safetensors"},
+    check_specs=fidelity_check_specs(CORPUS_SHARDS),
     description="Per corpus shard: the target's low/mid/high auxiliary hidden states and last hidden state "
-    "for every token, as safetensors shards with an index (bf16 by default). Runs on the GPU host.",
+    "for every token, as safetensors shards with an index (bf16 by default), checked against the target run in "
+    "full (blocking). Runs on the GPU host.",
 )
-def hidden_states(context: dg.AssetExecutionContext, target: TargetModelResource) -> dg.MaterializeResult:
+def hidden_states(
+    context: dg.AssetExecutionContext, config: FidelityCheckConfig, target: TargetModelResource
+) -> dg.MaterializeResult:
     from eagle_assets.hidden_states.extract_sglang import read_target_dims
     from eagle_assets.hidden_states.store import InsufficientDiskError, check_disk, estimate_store_bytes
 
@@ -69,7 +85,7 @@ def hidden_states(context: dg.AssetExecutionContext, target: TargetModelResource
         raise dg.Failure(
             description=f"corpus shard {key} ({source}) does not exist: re-materialize the corpus", allow_retries=False
         )
-    rows = pl.read_parquet(source, columns=["prompt_id", "input_ids", "loss_mask"])
+    rows = pl.read_parquet(source, columns=["prompt_id", "input_ids", "loss_mask", "prompt_len"])
     n_tokens = int(rows["input_ids"].list.len().sum())
     model_dir = target.model_dir()
     dims = read_target_dims(model_dir)
@@ -86,6 +102,7 @@ def hidden_states(context: dg.AssetExecutionContext, target: TargetModelResource
         f"({n_tokens} × ({n_aux} aux + last) × {dims.hidden_size} × {target.dtype().itemsize} B) in {out}"
     )
     samples = [{"sample_id": r[0], "input_ids": r[1], "loss_mask": r[2]} for r in rows.iter_rows()]
+    fidelity = config.fidelity()
     progress = _progress_logger(context)
     started = time.monotonic()
     if target.backend == "hf":
@@ -108,6 +125,8 @@ def hidden_states(context: dg.AssetExecutionContext, target: TargetModelResource
             reserve_bytes=reserve,
         )
         skipped, tokens_per_s = report.shards_skipped, report.tokens_per_s
+        calibrate_partition(model, key, samples, out, target, fidelity)
+        del model
     else:
         from eagle_assets.hidden_states.extract_sglang import SGLangCaptureConfig, extract_sglang
         from eagle_assets.hidden_states.layers import resolve_aux_layers
@@ -122,8 +141,13 @@ def hidden_states(context: dg.AssetExecutionContext, target: TargetModelResource
         skipped = min(r.shards_skipped for r in reports.values())
         tokens_per_s = min(r.tokens_per_s for r in reports.values())
     elapsed = time.monotonic() - started
+    checked = time.monotonic()
+    outcomes = check_partition(key, samples, rows["prompt_len"].to_list(), out, model_dir, target, fidelity)
     return dg.MaterializeResult(
+        check_results=fidelity_check_results(context, outcomes),
         metadata={
+            **fidelity_metadata(outcomes),
+            "fidelity_seconds": dg.MetadataValue.float(round(time.monotonic() - checked, 2)),
             "store": dg.MetadataValue.path(str(out)),
             "samples": dg.MetadataValue.int(len(rows)),
             "tokens": dg.MetadataValue.int(n_tokens),
@@ -134,5 +158,51 @@ def hidden_states(context: dg.AssetExecutionContext, target: TargetModelResource
             "already_complete": dg.MetadataValue.bool(bool(skipped)),
             "tokens_per_s": dg.MetadataValue.float(round(tokens_per_s, 1)),
             "seconds": dg.MetadataValue.float(round(elapsed, 2)),
-        }
+        },
     )
+
+
+def calibrate_partition(
+    model: Any,
+    key: str,
+    samples: list[dict[str, Any]],
+    out: Path,
+    target: TargetModelResource,
+    fidelity: FidelityConfig,
+) -> None:
+    """The target run in full on a few of the shard's samples, recorded beside the store (what the checks use)."""
+    from eagle_assets.hidden_states.calibration import calibrate_store
+    from eagle_assets.hidden_states.fidelity import write_calibration
+    from eagle_assets.hidden_states.store import HiddenStateStore, as_sample
+
+    store = HiddenStateStore(out)
+    calibration = calibrate_store(
+        model,
+        [(key, [as_sample(s) for s in samples])],
+        store.layers,
+        model_id=target.model_id(),
+        store_dtype=store.meta.dtype,
+        last_kind=store.meta.last_kind,
+        config=fidelity,
+    )
+    write_calibration(out, calibration)
+
+
+def check_partition(
+    key: str,
+    samples: list[dict[str, Any]],
+    prompt_lens: list[int],
+    out: Path,
+    model_dir: Path,
+    target: TargetModelResource,
+    fidelity: FidelityConfig,
+) -> list[CheckOutcome]:
+    """The three fidelity checks of this partition's store, with the target's own head (as training loads it)."""
+    from eagle_assets.draft.target import load_target_head
+    from eagle_assets.hidden_states.fidelity_checks import CorpusShard, run_fidelity_checks
+    from eagle_assets.hidden_states.store import HiddenStateStore, as_sample
+
+    device = target.torch_device()
+    head = load_target_head(model_dir, HiddenStateStore(out).meta.last_kind).to(device)
+    corpus = CorpusShard(key, [as_sample(s) for s in samples], prompt_lens)
+    return run_fidelity_checks(out, [corpus], head, partition=key, device=device, config=fidelity)

@@ -1,0 +1,191 @@
+"""The target run in full on a few samples of a shard: what the fidelity checks hold a store to.
+
+Independent of the extraction path on purpose: the extractor captures features with forward hooks and no
+``lm_head``; this runs the model's own forward with ``output_hidden_states=True``, logits included (kept at the
+scored positions only, ``logits_to_keep``). A bug in the capture (a shifted position, a wrong or repeated layer,
+a final state that is not the one the head reads) therefore makes the store disagree with this record instead of
+agreeing with itself.
+
+Recorded per store shard (``fidelity.ShardCalibration``), at up to ``config.positions`` scored positions of
+``config.calibration_samples`` samples:
+
+- the target's top-1 and the log-probability of the actual next token at each position, their agreement and
+  mean, and ``dtype_consistency``: how many top-1s survive rounding the true last state to the store dtype (the
+  best a correct store can do, e.g. 1.0 for float32, slightly less for bfloat16 near ties);
+- for every hidden state the model has (HF indices 0..N-1, i.e. the inputs of decoder layers, and the last
+  state as stored): mean norm and a signature (a seeded random projection at ``signature_positions`` of those
+  positions), so a stored layer can be identified by depth;
+- how far apart the true aux layers and the last state are, position by position (``distinct``), so a repeated
+  layer, whose distance is 0, is measured against the target's own separation.
+
+Only the HF backend has the target in this process; a store extracted through SGLang has no calibration yet
+and its checks fail saying so (README: what is not done).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from eagle_assets.hidden_states.extract_hf import _decoder, _final_norm, num_decoder_layers
+from eagle_assets.hidden_states.fidelity import (
+    LAST,
+    Calibration,
+    FidelityConfig,
+    NextTokenFigures,
+    ShardCalibration,
+    head_predictions,
+    mean_norm,
+    mean_relative_difference,
+    pick_calibration_samples,
+    pick_positions,
+    projection,
+    signature,
+    slot_names,
+)
+from eagle_assets.hidden_states.layers import AuxLayers
+from eagle_assets.hidden_states.store import HiddenStateSample, dtype_name, input_fingerprint
+
+
+@torch.inference_mode()
+def _full_run(
+    model: nn.Module, ids: Sequence[int], positions: Sequence[int], last_kind: str
+) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
+    """The model's own forward on one sample: (state at the input of decoder layer j for j in 0..N-1, the last
+    state as the store keeps it, the model's logits), each at ``positions`` only ([P, H], [P, H], [P, V])."""
+    device = next(model.parameters()).device
+    decoder = _decoder(model)
+    seen: dict[str, torch.Tensor] = {}
+    hook = None
+    if last_kind == "pre_norm":
+
+        def grab(_m: nn.Module, args: tuple, kwargs: dict) -> None:
+            seen["pre_norm"] = args[0] if args else kwargs["hidden_states"]
+
+        hook = _final_norm(decoder).register_forward_pre_hook(grab, with_kwargs=True)
+    index = torch.tensor(list(positions), device=device)
+    try:
+        out = model(
+            input_ids=torch.tensor([list(ids)], device=device),
+            output_hidden_states=True,
+            use_cache=False,
+            logits_to_keep=index,  # the head runs on these positions only, not on the whole vocabulary × length
+        )
+    finally:
+        if hook is not None:
+            hook.remove()
+    hs = out.hidden_states
+    last = seen["pre_norm"] if last_kind == "pre_norm" else hs[-1]
+    pick = [h[0].index_select(0, index) for h in hs[:-1]]
+    return pick, last[0].index_select(0, index), out.logits[0]
+
+
+@torch.inference_mode()
+def calibrate_shard(
+    model: nn.Module,
+    samples: Sequence[HiddenStateSample],
+    layers: AuxLayers,
+    *,
+    shard: str,
+    key: str,
+    store_dtype: torch.dtype,
+    last_kind: str = "post_norm",
+    config: FidelityConfig | None = None,
+) -> ShardCalibration:
+    """Run the target in full on the calibration samples of one shard and record what the checks compare with."""
+    config = config or FidelityConfig()
+    masks = [list(s.loss_mask) for s in samples]
+    chosen = pick_calibration_samples(masks, config, key)
+    if not chosen:
+        raise ValueError(f"corpus shard {key}: no sample has a response token to predict; nothing to calibrate on")
+    positions = pick_positions(masks, config.positions, config.seed, key, "calibration-positions", chosen)
+    head = model.get_output_embeddings()
+    n_layers = num_decoder_layers(model)
+    if n_layers != layers.num_layers:
+        raise ValueError(f"the store's aux layers are for {layers.num_layers} layers, the target has {n_layers}")
+    names = [str(j) for j in range(n_layers)] + [LAST]
+    rows: dict[str, list[torch.Tensor]] = {name: [] for name in names}
+    next_ids: list[int] = []
+    groups: list[int] = []
+    top1_parts, logprob_parts = [], []
+    for i in chosen:
+        ts = [t for j, t in positions if j == i]
+        if not ts:
+            continue
+        states, last, logits = _full_run(model, samples[i].input_ids, ts, last_kind)
+        for j, h in enumerate(states):
+            rows[str(j)].append(h.float().cpu())
+        rows[LAST].append(last.float().cpu())
+        nxt = torch.tensor([int(samples[i].input_ids[t + 1]) for t in ts])
+        lsm = torch.log_softmax(logits.float(), dim=-1).cpu()
+        top1_parts.append(lsm.argmax(-1))
+        logprob_parts.append(lsm.gather(-1, nxt[:, None])[:, 0])
+        next_ids += nxt.tolist()
+        groups += [i] * len(ts)
+    stacked = {name: torch.cat(parts) for name, parts in rows.items()}
+    ids = torch.tensor(next_ids)
+    top1, logprob = torch.cat(top1_parts), torch.cat(logprob_parts)
+    weight = head.weight
+    final = _final_norm(_decoder(model)) if last_kind == "pre_norm" else None
+
+    def logits_of(x: torch.Tensor) -> torch.Tensor:
+        x = x.to(weight.dtype)
+        return head(final(x) if final is not None else x)
+
+    # The best a correct store can do: the true last state, rounded to the store dtype, through the same head.
+    top1_rounded, _ = head_predictions(logits_of, stacked[LAST].to(store_dtype), ids, device=weight.device)
+    proj = projection(stacked[LAST].shape[1], config.signature_dims, config.seed)
+    sig_rows = slice(0, config.signature_positions)
+    slots = slot_names(layers.n_aux)
+    slot_rows = [stacked[str(j)] for j in layers.hf_indices] + [stacked[LAST]]
+    distinct = {
+        f"{slots[a]}~{slots[b]}": mean_relative_difference(slot_rows[a], slot_rows[b])
+        for a in range(len(slots))
+        for b in range(a + 1, len(slots))
+    }
+    return ShardCalibration(
+        shard=shard,
+        key=key,
+        input_fingerprint=input_fingerprint(samples),
+        samples=[samples[i].sample_id for i in sorted(set(groups))],
+        positions=[(i, t) for i in chosen for j, t in positions if j == i],
+        next_ids=next_ids,
+        target_top1=top1.tolist(),
+        target_logprob=logprob.tolist(),
+        target=NextTokenFigures.of(top1, logprob, ids, groups),
+        dtype_consistency=float((top1_rounded == top1).double().mean()),
+        hf_indices=list(layers.hf_indices),
+        norms={name: mean_norm(r) for name, r in stacked.items()},
+        signatures={name: signature(r[sig_rows], proj).tolist() for name, r in stacked.items()},
+        distinct=distinct,
+    )
+
+
+def calibrate_store(
+    model: nn.Module,
+    shards: Sequence[tuple[str, Sequence[HiddenStateSample]]],
+    layers: AuxLayers,
+    *,
+    model_id: str,
+    store_dtype: torch.dtype,
+    last_kind: str = "post_norm",
+    config: FidelityConfig | None = None,
+) -> Calibration:
+    """The calibration file of a store: one record per corpus shard, in the store's shard order."""
+    config = config or FidelityConfig()
+    records = {}
+    for index, (key, samples) in enumerate(shards):
+        name = f"shard-{index:05d}"
+        records[name] = calibrate_shard(
+            model,
+            samples,
+            layers,
+            shard=name,
+            key=key,
+            store_dtype=store_dtype,
+            last_kind=last_kind,
+            config=config,
+        )
+    return Calibration(model_id, dtype_name(store_dtype), last_kind, config, records)

@@ -1,0 +1,51 @@
+"""The fidelity checks' names and settings, without torch: the Dagster definitions import this at load time.
+
+The checks themselves are in ``fidelity_checks.py``, what they share in ``fidelity.py`` and the target run in
+full they are held to in ``calibration.py``.
+"""
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+ALIGNMENT = "alignment"
+AUX_LAYERS = "aux_layers"
+NEXT_TOKEN = "last_state_next_token"
+CHECKS: dict[str, str] = {
+    ALIGNMENT: "every sample: feature rows = input ids = loss mask, ids and mask are the corpus's, the mask covers "
+    "exactly the response; no truncated shard file",
+    AUX_LAYERS: "aux [T, 3H] and last [T, H], finite; each stored layer is the one it claims (signatures against the "
+    "target run in full), the layers differ from each other and from the last state; norms recorded",
+    NEXT_TOKEN: "the stored last state through the target's head predicts the next response token as well as the "
+    "target run in full (top-1 agreement, top-1 consistency, mean log-probability)",
+}
+
+
+@dataclass(frozen=True)
+class FidelityConfig:
+    """How much of a shard the checks look at, and how close to the target a store must be."""
+
+    positions: int = 256  # scored positions per shard, for the calibration sample and again spread over the shard
+    calibration_samples: int = 4  # samples the target runs in full on
+    fraction: float = 0.9  # a store's figure must reach this fraction of the target's (log-probs: + ln fraction)
+    signature_positions: int = 32  # positions whose random projections identify each stored layer
+    signature_dims: int = 16
+    full_scan_bytes: int = 1 << 30  # shards up to this size are scanned whole for NaN/inf, larger ones sampled
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.fraction < 1.0:
+            raise ValueError(f"fraction must be in (0, 1), got {self.fraction}")
+        if self.positions < 1 or self.calibration_samples < 1 or self.signature_positions < 1:
+            raise ValueError("positions, calibration_samples and signature_positions must be positive")
+        if self.signature_dims < 1:
+            raise ValueError("signature_dims must be positive")
+
+    @property
+    def logprob_margin(self) -> float:
+        """Nats a mean log-probability may fall short of the target's: the actual tokens at least ``fraction``
+        as likely (geometric mean)."""
+        return -math.log(self.fraction)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
