@@ -197,3 +197,25 @@ def test_a_store_of_other_inputs_or_without_calibration_fails(tmp_path, good_sto
     )
     result = checks(good_store, changed, head)
     assert_fails(result[ALIGNMENT], "other inputs than the corpus shard now holds", "1 of 8 samples with")
+
+
+def test_a_pre_norm_store_is_checked_through_the_final_norm(tmp_path, tiny_model, tiny_dir, corpus):
+    calibration = calibrate_store(
+        tiny_model,
+        [(corpus.key, corpus.samples)],
+        LAYERS,
+        model_id=tiny_model_id(0),
+        store_dtype=STORE_DTYPE,
+        last_kind="pre_norm",
+        config=CONFIG,
+    )
+    meta = StoreMeta(model_id=tiny_model_id(0), hidden_size=64, layers=LAYERS, dtype=STORE_DTYPE, last_kind="pre_norm")
+    extractor = HFFeatureExtractor(tiny_model, LAYERS, out_dtype=STORE_DTYPE, last_kind="pre_norm")
+    run_extraction({corpus.key: corpus.samples}, tmp_path / "pre", meta, extractor)
+    write_calibration(tmp_path / "pre", calibration)
+    outcomes = run_fidelity_checks(
+        tmp_path / "pre", [corpus], load_target_head(tiny_dir, "pre_norm"), partition=KEY, config=CONFIG
+    )
+    for o in outcomes:
+        assert o.passed, o.summary
+    assert {o.name: o for o in outcomes}[NEXT_TOKEN].metadata["agreement"] > 0.9
