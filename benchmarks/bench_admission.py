@@ -22,6 +22,7 @@ flight ≥ 1,800 until the last 5%, wall ≤ 1.5× ideal, dollar overshoot 0, to
     python benchmarks/bench_admission.py                    # scale 10: 1M tokens, $10 (tokens, fresh, dollars)
     python benchmarks/bench_admission.py --phases dollars --mode hard   # the worst-case baseline
     python benchmarks/bench_admission.py --token-datasets 8 --phases tokens   # B1–B8 at once
+    python benchmarks/bench_admission.py --ledger both   # each phase on SQLite, then on PostgreSQL (pgserver)
 """
 
 import argparse
@@ -87,7 +88,10 @@ def monitor(sim: SimulatorProcess, phase: Phase, stop: threading.Event) -> None:
         stop.wait(SAMPLE_S)
 
 
-def run_phase(phase: Phase, a: argparse.Namespace, scaled: dict[str, Any], work: Path) -> dict[str, Any]:
+def run_phase(
+    phase: Phase, a: argparse.Namespace, scaled: dict[str, Any], work: Path, database_url: str = ""
+) -> dict[str, Any]:
+    """``database_url``: the ledger in that database (EAGLE_FORGE_DATABASE_URL), else in the home's SQLite file."""
     home, dagster_home = work / "home", work / "dagster_home"
     dagster_home.mkdir(parents=True)
     lines = ["datasets:"]
@@ -123,6 +127,9 @@ def run_phase(phase: Phase, a: argparse.Namespace, scaled: dict[str, Any], work:
         "DAGSTER_HOME": str(dagster_home),
         "PYTHONPATH": str(REPO),
     }
+    env.pop("EAGLE_FORGE_DATABASE_URL", None)
+    if database_url:
+        env["EAGLE_FORGE_DATABASE_URL"] = database_url
     # Create the instance's storage once: several CLI processes racing to migrate it fail.
     subprocess.run(
         [sys.executable, "-c", "import dagster; dagster.DagsterInstance.get()"], env=env, cwd=REPO, check=True
@@ -140,7 +147,7 @@ def run_phase(phase: Phase, a: argparse.Namespace, scaled: dict[str, Any], work:
             raise SystemExit(f"the seed dataset failed ({work / 'SEED.log'})")
         urllib.request.urlopen(urllib.request.Request(f"{sim.root_url}/_sim/reset_stats", data=b"{}"), timeout=10)
     stop = threading.Event()
-    ledger_path = home / "state" / "ledger.sqlite"
+    ledger_path: Path | str = database_url or home / "state" / "ledger.sqlite"
     watcher = threading.Thread(target=monitor, args=(sim, phase, stop), daemon=True)
     t0 = time.monotonic()
     watcher.start()
@@ -166,7 +173,12 @@ def run_phase(phase: Phase, a: argparse.Namespace, scaled: dict[str, Any], work:
 
 
 def summarize(
-    phase: Phase, a: argparse.Namespace, scaled: dict[str, Any], final: dict[str, Any], ledger_path: Path, work: Path
+    phase: Phase,
+    a: argparse.Namespace,
+    scaled: dict[str, Any],
+    final: dict[str, Any],
+    ledger_path: Path | str,
+    work: Path,
 ) -> dict[str, Any]:
     busy = [t for t, n, _ in phase.samples if n > 0]
     t_start, t_end = (busy[0] - SAMPLE_S / 2, busy[-1] + SAMPLE_S / 2) if busy else (0.0, 0.0)
@@ -191,6 +203,7 @@ def summarize(
         led.close()
     out: dict[str, Any] = {
         "phase": phase.name,
+        "ledger": "postgresql" if isinstance(ledger_path, str) else "sqlite",
         "mode": a.mode,
         "returncodes": phase.returncodes,
         "answers": answers,
@@ -223,7 +236,7 @@ def summarize(
 def report(r: dict[str, Any], a: argparse.Namespace) -> None:
     goal_mean = r["mean_in_flight_until_95"] >= 0.9 * a.concurrency
     goal_wall = r["wall_over_ideal"] <= 1.5
-    print(f"\n== {r['phase']} ({r['mode']}), exit codes {r['returncodes']}")
+    print(f"\n== {r['phase']} ({r['mode']}, ledger on {r['ledger']}), exit codes {r['returncodes']}")
     if r["phase"] == "fresh":
         print(f"  seeded by {a.seed_answers} answers of another dataset of the same model")
     print(
@@ -268,6 +281,12 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=900.0)
     ap.add_argument("--keep", action="store_true", help="keep the work folder (logs, ledgers, result.json)")
+    ap.add_argument(
+        "--ledger",
+        default="sqlite",
+        choices=("sqlite", "postgresql", "both"),
+        help="where the ledger lives; postgresql starts a local server (pgserver); both: each phase on each",
+    )
     a = ap.parse_args()
     scaled = {
         "max_tokens": round(PRODUCTION["max_tokens"] / a.scale),
@@ -302,16 +321,39 @@ def main() -> None:
         f" token budget {scaled['token_budget']:,}, dollar budget ${scaled['usd_budget']:.2f};"
         f" {a.concurrency} in flight, fixed latency {a.latency:g} s, budget mode {a.mode}"
     )
+    backends = ["sqlite", "postgresql"] if a.ledger == "both" else [a.ledger]
+    pg = None
+    if "postgresql" in backends:
+        from resources.postgres.local_server import start_local_postgres
+
+        pg_dir = Path(tempfile.mkdtemp(prefix="bench-admission-pg-"))
+        pg = start_local_postgres(pg_dir / "data")
     results = []
-    for name in a.phases.split(","):
-        work = Path(tempfile.mkdtemp(prefix=f"bench-admission-{name}-"))
-        r = run_phase(phases[name], a, scaled, work)
-        results.append(r)
-        report(r, a)
-        if a.keep:
-            print(f"  work folder: {work}")
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+    try:
+        for name in a.phases.split(","):
+            for backend in backends:
+                work = Path(tempfile.mkdtemp(prefix=f"bench-admission-{name}-"))
+                url = pg.create_database() if pg is not None and backend == "postgresql" else ""
+                fresh = Phase(**{**phases[name].__dict__, "samples": [], "returncodes": []})
+                r = run_phase(fresh, a, scaled, work, url)
+                results.append(r)
+                report(r, a)
+                if a.keep:
+                    print(f"  work folder: {work}")
+                else:
+                    shutil.rmtree(work, ignore_errors=True)
+            if len(backends) == 2:
+                s, p = results[-2], results[-1]
+                ratio = p["mean_in_flight_until_95"] / s["mean_in_flight_until_95"]
+                print(
+                    f"\n  {name}: PostgreSQL / SQLite mean in flight until 95% = {ratio:.3f}"
+                    f" [{'MET' if ratio >= 0.95 else 'NOT MET'}: >= 0.95]; wall {p['wall_over_ideal']:.2f}x vs"
+                    f" {s['wall_over_ideal']:.2f}x ideal"
+                )
+    finally:
+        if pg is not None:
+            pg.stop()
+            shutil.rmtree(pg_dir, ignore_errors=True)
     print("\nresults:", orjson.dumps(results).decode())
 
 

@@ -279,14 +279,14 @@ class BudgetLedger:
     def _beat(self) -> bool:
         """Renew this owner's lease (heartbeat thread); False once the row is gone (declared dead)."""
         with self._beat_db.tx() as cur:
-            cur.execute(f"UPDATE owners SET heartbeat = {self.db.now_sql} WHERE owner = ?", (self.owner,))
-            return cur.rowcount == 1
+            sql = f"UPDATE owners SET heartbeat = {self.db.now_sql} WHERE owner = ? RETURNING owner"
+            return cur.execute(sql, (self.owner,)).fetchone() is not None
 
     def _assert_alive(self, cur: Cursor) -> None:
         """Renew the lease inside a write, and refuse to go on once it was lost: a process declared dead
         must not take budget or slots that were handed back on its behalf."""
-        cur.execute(f"UPDATE owners SET heartbeat = {self.db.now_sql} WHERE owner = ?", (self.owner,))
-        if cur.rowcount != 1 or self.heartbeat.lost:
+        sql = f"UPDATE owners SET heartbeat = {self.db.now_sql} WHERE owner = ? RETURNING owner"
+        if cur.execute(sql, (self.owner,)).fetchone() is None or self.heartbeat.lost:
             self.heartbeat.lost = True
             raise LedgerLeaseLost(
                 f"ledger owner {self.owner} on {self.host} was declared dead (no heartbeat for over"

@@ -33,8 +33,6 @@ class DatabaseConfigError(ValueError):
 
 
 class Cursor(Protocol):
-    rowcount: int
-
     def execute(self, sql: str, params: Any = ...) -> "Cursor": ...
     def executemany(self, sql: str, rows: Any) -> Any: ...
     def fetchone(self) -> Any: ...
@@ -242,9 +240,6 @@ class _PgCursor:
     def __iter__(self) -> Iterator[Any]:
         return iter(self._cur.fetchall())
 
-    @property
-    def rowcount(self) -> int:
-        return int(self._cur.rowcount)
 
 
 class PostgresLedgerDatabase(LedgerDatabase):
@@ -275,7 +270,10 @@ class PostgresLedgerDatabase(LedgerDatabase):
 
     @contextmanager
     def tx(self) -> Iterator[Cursor]:
-        with self._lock, self._db.transaction():
+        """Pipelined: statements go out without waiting for each answer; a fetch waits for what it reads.
+        A transaction of the ledger is a dozen statements, most of them writes: one round trip each would
+        be most of its time."""
+        with self._lock, self._db.pipeline(), self._db.transaction():
             cur = self._db.cursor()
             cur.execute("SELECT pg_advisory_xact_lock($1)", (LEDGER_LOCK_KEY,))
             yield _PgCursor(cur, self._sql)
