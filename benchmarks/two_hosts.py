@@ -375,6 +375,8 @@ def _run_two_hosts(cfg: TwoHostConfig, work: Path, pg: LocalPostgres, log: Calla
         "spent_usd": spent,
         "open_at_end": open_end,
         "billed_usd": float(final["billed_usd"]),
+        "budget_stops": {h: "budget exhausted — " in (work / f"host-{h}.log").read_text(errors="replace")
+                         for h in ("host-a", "host-c")},
         "wall_s": time.monotonic() - start,
     }
 
@@ -392,7 +394,7 @@ def report(r: dict[str, Any]) -> None:
     print(
         f"\ntwo hosts: {cfg['datasets']} datasets × {cfg['prompts']:,} prompts, {cfg['concurrency']} in flight"
         f" account-wide, lease {cfg['lease_s']:g} s, {r['wall_s']:.0f} s wall; exit codes {r['returncodes']}"
-        " (2: stopped by the budget, resumable)"
+        f"; phase 1 ended on 'budget exhausted … resumable': {r['budget_stops']}"
     )
     print(
         f"  in flight at the simulator: peak {r['peak_in_flight']} over {r['samples']} samples,"

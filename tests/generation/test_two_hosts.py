@@ -29,6 +29,7 @@ def test_two_hosts_one_killed_share_one_account(tmp_path):
     r = run_two_hosts(cfg, tmp_path, log=lambda _: None)
     assert r["returncodes"]["host-a (top-up)"] == 0
     assert r["returncodes"]["host-a"] == r["returncodes"]["host-c"] == 2  # both stopped by the budget, resumably
+    assert r["budget_stops"] == {"host-a": True, "host-c": True}
     assert r["samples"] > 0 and r["samples_over_cap"] == 0 and r["peak_in_flight"] <= cfg.concurrency
     assert r["spent_phase_1_usd"] <= r["budget_phase_1_usd"] + 1e-9
     assert r["billed_phase_1_usd"] <= r["spent_phase_1_usd"] + 1e-9
