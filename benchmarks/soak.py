@@ -4,13 +4,18 @@ Loopback only and bounded in count and time. Each life of the run is a real
 ``dagster asset materialize`` process group, killed with SIGKILL at random moments and restarted; a
 final life runs to completion. Then a 429-storm phase measures goodput against the simulator's
 admitted rate. Prints: records lost, duplicated, spend against budget, output tokens against the
-token budget, requests re-bought because they were in flight at a kill, goodput under the storm.
+token budget, requests re-bought because they were in flight at a kill, goodput under the storm, and
+what the ledger charged against what the simulator billed, before and after lazy settlement: during
+the lives ``/generation`` answers 404 for ``generation_window_s`` (as OpenRouter's does for minutes),
+so uncertain attempts and the orphans of kills stay provisionally charged; then the window closes and
+one settlement pass (what the next run does at its start) looks them all up.
 
     python benchmarks/soak.py                       # 20,000 prompts, 5 kills
     python benchmarks/soak.py --prompts 3000 --kills 2 --concurrency 500
 """
 
 import argparse
+import asyncio
 import json
 import os
 import random
@@ -30,7 +35,10 @@ sys.path.insert(0, str(REPO))
 
 from eagle_assets.generation.journal import scan  # noqa: E402
 from eagle_assets.generation.ledger import BudgetLedger  # noqa: E402
+from eagle_assets.generation.settlement import settle_pending  # noqa: E402
 from eagle_assets.settings import tokenizer_dir  # noqa: E402
+from resources.openrouter.client import OpenRouterClient  # noqa: E402
+from resources.openrouter.secret import ApiKey  # noqa: E402
 from resources.simulator.config import LatencyConfig, SimulatorConfig  # noqa: E402
 from resources.simulator.control import spawn_simulator_process  # noqa: E402
 from resources.simulator.faults import FaultConfig  # noqa: E402
@@ -68,6 +76,8 @@ class SoakConfig:
     time_limit_s: float = 1500.0
     faults: dict[str, float] = field(default_factory=lambda: dict(MIXED_FAULTS))
     stream: bool = False  # responses as SSE (``EAGLE_FORGE_STREAM``)
+    generation_window_s: float = 600.0  # /generation answers 404 this long after a generation, during the lives
+    settle_wait_s: float = 60.0  # the settlement pass after the lives, once /generation knows them
 
 
 def _write_prompts(path: Path, n: int, tag: str) -> None:
@@ -102,6 +112,23 @@ def _abandoned(sim: Any) -> int:
     return int(outcomes.get("abandoned", 0)) + int(outcomes.get("stream_abandoned", 0))
 
 
+def _books(led: BudgetLedger) -> dict[str, Any]:
+    """What the ledger charged, and of it what the kills' orphans cost (settled, or still at worst case)."""
+    kinds = led.spend_by_kind()
+    return {
+        "spent_usd": led.totals().usd_spent,
+        "uncertain": len(led.uncertain_attempts()),
+        "orphan_usd": sum(v for k, v in kinds.items() if k.startswith("orphan")),
+        "orphan_worst_case_usd": kinds.get("orphan", 0.0),  # no id seen (or not settled yet): worst case
+        "by_kind": kinds,
+    }
+
+
+async def _settle(led: BudgetLedger, base_url: str, wait_s: float) -> Any:
+    async with OpenRouterClient(base_url, ApiKey("sk-or-simulator")) as client:
+        return await settle_pending(led, client.generation, wait_s)
+
+
 def run_soak(cfg: SoakConfig, work: Path, log=print) -> dict[str, Any]:
     start = time.monotonic()
     home, dh = work / "home", work / "dagster_home"
@@ -124,6 +151,7 @@ def run_soak(cfg: SoakConfig, work: Path, log=print) -> dict[str, Any]:
             state_file=work / "sim-state.json",
             mean_completion_tokens=120,
             tokenizer_dir=tokenizer_dir(),
+            generation_404_ms=cfg.generation_window_s * 1000.0,
         )
     )
     port = sim.base_url.split(":")[2].split("/")[0]
@@ -203,8 +231,15 @@ def run_soak(cfg: SoakConfig, work: Path, log=print) -> dict[str, Any]:
         ids = [r["prompt_id"] for r in result.records]
         lost += len(seen_ids - set(ids))
         led = BudgetLedger(home / "state" / "ledger.sqlite")
-        totals, soak_tokens = led.totals(), led.totals("SOAK").tokens_spent
-        led.close()
+        try:
+            # Before lazy settlement: what the lives charged while /generation did not know their attempts.
+            before = _books(led)
+            sim.set_generation_window(0)  # indexed by now: the next run's first settlement pass finds them
+            tally = asyncio.run(_settle(led, sim.base_url, cfg.settle_wait_s))
+            after = _books(led)
+            totals, soak_tokens = led.totals(), led.totals("SOAK").tokens_spent
+        finally:
+            led.close()
         stats = sim.stats(0)
         soak_requests = stats["requests_received"]
         recent = sim.stats(200)["generations"]
@@ -250,6 +285,17 @@ def run_soak(cfg: SoakConfig, work: Path, log=print) -> dict[str, Any]:
         "spent_usd": totals.usd_spent,
         "budget_usd": cfg.budget_usd,
         "simulator_billed_usd": stats["billed_usd"],
+        "settlement": {
+            "charged_before_usd": before["spent_usd"],
+            "charged_after_usd": after["spent_usd"],
+            "uncertain_before": before["uncertain"],
+            "uncertain_after": after["uncertain"],
+            "resolved": tally.resolved,
+            "kill_cost_before_usd": before["orphan_usd"],
+            "kill_cost_after_usd": after["orphan_usd"],
+            "kill_cost_at_worst_case_after_usd": after["orphan_worst_case_usd"],
+            "by_kind_after": after["by_kind"],
+        },
         "output_tokens": soak_tokens,
         "token_budget": cfg.token_budget,
         "kills": kills,
@@ -300,6 +346,21 @@ def main() -> None:
     print(
         f"  spend:               ${r['spent_usd']:.4f} of ${r['budget_usd']:.2f} budget"
         f" (simulator billed ${r['simulator_billed_usd']:.4f})"
+    )
+    st, billed = r["settlement"], r["simulator_billed_usd"]
+
+    def vs(usd: float) -> str:
+        return f"${usd:.4f} ({100 * (usd / billed - 1):+.1f}% vs billed)" if billed else f"${usd:.4f}"
+
+    print(
+        f"  charged vs billed:   before lazy settlement {vs(st['charged_before_usd'])}, {st['uncertain_before']}"
+        f" attempts uncertain; after {vs(st['charged_after_usd'])}, {st['uncertain_after']} left"
+        f" ({st['resolved']} settled from /generation)"
+    )
+    print(
+        f"  what the kills cost: ${st['kill_cost_before_usd']:.4f} charged for requests in flight at them before"
+        f" settlement, ${st['kill_cost_after_usd']:.4f} after (${st['kill_cost_at_worst_case_after_usd']:.4f} of it"
+        " still at worst case: requests whose response head had not arrived)"
     )
     print(f"  output tokens:       {r['output_tokens']:,} of {r['token_budget']:,} token budget")
     print(

@@ -103,6 +103,9 @@ _ADDED_COLUMNS = {
         "price": "REAL NOT NULL DEFAULT 0",
         # The attempt's generation id once its response head arrived: an orphan with one is settled later.
         "generation_id": "TEXT DEFAULT NULL",
+        # Whether a request may have gone out for it (``mark_sent``, written before the send): an orphan that
+        # was only reserved ahead is released, not charged. Older rows read as sent, which is the safe side.
+        "sent": "INTEGER NOT NULL DEFAULT 1",
     },
     # model: what generated the dataset's answers, so that a fresh dataset of the same model can start from them.
     "lengths": {
@@ -624,6 +627,7 @@ class BudgetLedger:
                     int(hard),
                     _n(prompt_usd),
                     r.price,
+                    0,
                 )
             )
             for scope in (GLOBAL, _scope(r.dataset)):
@@ -633,7 +637,7 @@ class BudgetLedger:
                 d["in_flight"] += 1
         cur.executemany(
             "INSERT INTO reservations (id, owner, dataset, partition, prompt_id, usd, tokens, created, seq, hard,"
-            " prompt_usd, price) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+            " prompt_usd, price, sent) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
             rows,
         )
         cur.executemany("UPDATE lengths SET next_seq = ? WHERE dataset = ?", [(v, k) for k, v in next_seq.items()])
@@ -807,16 +811,23 @@ class BudgetLedger:
         return self._orphan_owner(cur, owner)
 
     def _orphan_owner(self, cur: Cursor, owner: str) -> int:
-        """Charge an owner's open reservations at their worst case and forget the owner."""
+        """Charge an owner's open reservations at their worst case and forget the owner; those whose request
+        never went out (reserved ahead, not ``mark_sent``) are released."""
         rows = cur.execute(
-            "SELECT id, dataset, partition, prompt_id, usd, tokens, seq, hard, prompt_usd, price, generation_id"
+            "SELECT id, dataset, partition, prompt_id, usd, tokens, seq, hard, prompt_usd, price, generation_id, sent"
             " FROM reservations WHERE owner = ?",
             (owner,),
         ).fetchall()
         orphans = [
             Reservation(*row[:4], row[4] / NANO, row[5], row[6], bool(row[7]), row[8] / NANO, row[9]) for row in rows
         ]
-        self._close_many(cur, [(res, res.usd, 0, "orphan") for res in orphans])
+        self._close_many(
+            cur,
+            [
+                (res, res.usd, 0, "orphan") if row[11] or row[10] else (res, 0.0, 0, "released")
+                for row, res in zip(rows, orphans, strict=True)
+            ],
+        )
         # An orphan whose response head had arrived names its generation: look its real cost up later.
         now = time.time()
         self._list_uncertain(cur, [(row[10], res, res.usd, now) for row, res in zip(rows, orphans, strict=True)])
@@ -857,6 +868,16 @@ class BudgetLedger:
             return
         with self._tx() as cur:
             cur.executemany("UPDATE reservations SET generation_id = ? WHERE id = ?", rows)
+
+    def mark_sent(self, reservation_ids: Iterable[str]) -> None:
+        """Requests about to go out for these reservations (written before the send): from here on an orphan of
+        one is charged, since it may have been billed; before, it is released. A generation id noted for an
+        earlier attempt no longer stands for the reservation (the new attempt's head will name its own)."""
+        rows = [(rid,) for rid in reservation_ids]
+        if not rows:
+            return
+        with self._tx() as cur:
+            cur.executemany("UPDATE reservations SET sent = 1, generation_id = NULL WHERE id = ?", rows)
 
     def due_uncertain(
         self, now: float, limit: int = 200, claim_s: float = 30.0, due_by: float | None = None

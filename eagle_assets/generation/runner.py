@@ -643,6 +643,7 @@ class PartitionRunner:
             await self.limiter.acquire()
             self.report.peak_in_flight = max(self.report.peak_in_flight, self.limiter.in_flight)
             try:
+                await self._settler.sending(res)  # a kill from here on charges it; before, it is released
                 raw = await self.client.chat_completion(
                     payload,
                     idle_timeout_s=self._idle_timeout,

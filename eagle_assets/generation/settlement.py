@@ -40,15 +40,21 @@ class SettlementSchedule:
     backoff: float = 2.0
     max_interval_s: float = 600.0
     write_off_after_s: float = 7 * 86400.0
-    loop_interval_s: float = 1.0  # how often a run looks for due attempts (and writes down noted ids)
+    loop_interval_s: float = 1.0  # how often a run looks for due attempts
+    # How often requests about to go out and the ids of response heads are written down: a request waits up to
+    # this long before it is sent, and a kill loses at most this much of the ids.
+    note_flush_s: float = 0.02
     batch: int = 200  # attempts claimed per round
     concurrency: int = 16  # lookups at once
     claim_s: float = 60.0  # a claimed attempt is not looked up by another process for this long
     final_wait_s: float = 5.0  # at a run's end, how long to keep trying this run's attempts
+    lookup_timeout_s: float = 10.0  # one /generation lookup
 
     def __post_init__(self) -> None:
         if self.first_lookup_s < 0 or self.backoff < 1 or self.max_interval_s <= 0 or self.write_off_after_s <= 0:
             raise ValueError("settlement schedule: delays must be positive and backoff >= 1")
+        if self.loop_interval_s <= 0 or self.note_flush_s <= 0:
+            raise ValueError("settlement schedule: loop_interval_s and note_flush_s must be positive")
 
     def next_lookup(self, lookups: int, now: float) -> float:
         """When to look again after ``lookups`` lookups found nothing."""
@@ -90,6 +96,8 @@ class LazySettler:
     def __post_init__(self) -> None:
         self._noted: list[tuple[Reservation, str]] = []
         self._own: dict[str, float] = {}  # generation id -> provisional charge, for this run's attempts
+        self._sending: list[str] = []  # reservations whose request waits for the next flush to go out
+        self._flushed: asyncio.Future[None] | None = None
 
     # --- what the runner tells it ---------------------------------------------------------------
     def note(self, reservation: Reservation, generation_id: str) -> None:
@@ -105,10 +113,33 @@ class LazySettler:
         if generation_id:
             self._own[generation_id] = provisional_usd
 
+    async def sending(self, reservation: Reservation) -> None:
+        """Before each attempt goes out: its reservation is marked sent in the ledger (with the next flush, at
+        most ``note_flush_s`` away, shared by every request sent meanwhile). A process killed after that is
+        charged for the request; one killed before it had sent nothing, and the reservation is released."""
+        self._sending.append(reservation.id)
+        if self._noted:  # an earlier attempt's id, not yet written, must not stand for this one
+            self._noted = [(r, g) for r, g in self._noted if r.id != reservation.id]
+        if self._flushed is None:
+            self._flushed = asyncio.get_running_loop().create_future()
+        await asyncio.shield(self._flushed)  # one waiter giving up must not cancel the others' wait
+
     def flush_noted(self) -> None:
-        if self._noted:
-            batch, self._noted = self._noted, []
-            self.ledger.note_generation_ids(batch)
+        """Write down the reservations about to be sent and the ids response heads named, then let the sends go."""
+        sending, self._sending = self._sending, []
+        flushed, self._flushed = self._flushed, None
+        noted, self._noted = self._noted, []
+        try:
+            if sending:
+                self.ledger.mark_sent(sending)
+            if noted:
+                self.ledger.note_generation_ids(noted)
+        except BaseException as exc:
+            if flushed is not None and not flushed.done():
+                flushed.set_exception(exc)  # the sends fail loudly: nothing goes out unrecorded
+            raise
+        if flushed is not None and not flushed.done():
+            flushed.set_result(None)
 
     # --- looking up ----------------------------------------------------------------------------
     async def _look(self, gen_id: str) -> float | None:
@@ -116,7 +147,7 @@ class LazySettler:
         assert self.lookup is not None
         self.tally.lookups += 1
         try:
-            data = await self.lookup(gen_id)
+            data = await asyncio.wait_for(self.lookup(gen_id), self.schedule.lookup_timeout_s)
         except Exception as exc:  # a failed lookup is a lookup to repeat, never a reason to stop the run
             log.debug("lookup of %s failed: %s", gen_id, type(exc).__name__)
             return None
@@ -173,13 +204,28 @@ class LazySettler:
         return await self._settle(due, t)
 
     async def run(self) -> None:
-        """The loop a run keeps going beside its requests (cancelled at its end)."""
+        """The loops a run keeps going beside its requests (cancelled at its end): sends and noted ids written
+        down every ``note_flush_s`` (never held up by a slow lookup), due attempts settled every
+        ``loop_interval_s``."""
+        flusher = asyncio.create_task(self._flush_loop())
+        try:
+            while True:
+                await asyncio.sleep(self.schedule.loop_interval_s)
+                try:
+                    await self.round()
+                except Exception as exc:  # settlement is best effort; the provisional charges stand meanwhile
+                    log.warning("settlement round failed: %s: %s", type(exc).__name__, exc)
+        finally:
+            flusher.cancel()
+            await asyncio.gather(flusher, return_exceptions=True)
+
+    async def _flush_loop(self) -> None:
         while True:
-            await asyncio.sleep(self.schedule.loop_interval_s)
+            await asyncio.sleep(self.schedule.note_flush_s)
             try:
-                await self.round()
-            except Exception as exc:  # settlement is best effort; the provisional charges stand meanwhile
-                log.warning("settlement round failed: %s: %s", type(exc).__name__, exc)
+                self.flush_noted()
+            except Exception as exc:  # the sends waiting on this flush failed with it (loudly); keep flushing
+                log.warning("writing sends and generation ids failed: %s: %s", type(exc).__name__, exc)
 
     async def finish(self, wait_s: float | None = None) -> SettlementTally:
         """At the end of a run: look this run's attempts up, whatever their schedule, for up to ``wait_s``

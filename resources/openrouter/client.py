@@ -107,7 +107,7 @@ class OpenRouterClient:
         on_generation_id: Callable[[str], None] | None = None,
     ) -> RawResponse:
         """One attempt. ``payload["stream"]`` selects SSE; ``idle_timeout_s`` bounds the gap between data
-        events; ``on_generation_id`` gets the ``X-Generation-Id`` of the response head when it arrives."""
+        events; ``on_generation_id`` gets the ``X-Generation-Id`` of a 200 response head when it arrives."""
         if payload.get("stream"):
             return await self._stream(payload, idle_timeout_s or self._timeout.total or 600.0, on_generation_id)
         start = time.monotonic()
@@ -119,8 +119,8 @@ class OpenRouterClient:
                 # The head comes before any padding or body: keep what it says before reading on.
                 headers = {k: resp.headers[k] for k in _KEPT_HEADERS if k in resp.headers}
                 gen_id = headers.get("x-generation-id") or None
-                if gen_id and on_generation_id is not None:
-                    on_generation_id(gen_id)
+                if gen_id and resp.status == 200 and on_generation_id is not None:
+                    on_generation_id(gen_id)  # a generation started (an error's id names nothing billed)
                 content = resp.content
                 while chunk := await content.readany():
                     parts.append(chunk)

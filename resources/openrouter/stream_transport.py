@@ -196,7 +196,7 @@ class _Conn(asyncio.Protocol):
                 self.headers[key] = value
         self.head = True
         gen_id = self.headers.get("x-generation-id")
-        if gen_id and self.on_generation_id is not None:
+        if gen_id and self.status == 200 and self.on_generation_id is not None:
             self.on_generation_id(gen_id)  # before the first chunk: the caller may write it down now
 
     def _resume(self) -> None:

@@ -103,6 +103,21 @@ class PlainAnswer(ChatCore):
             )
             if resp is None:
                 return self._answer(200, fault, payload, headers)
+            # The head named the generation: /generation knows it (no output, not billed).
+            state.record_generation(
+                gen_id,
+                req.content_hash,
+                provider,
+                prepared.prompt_tokens,
+                0,
+                0,
+                "error",
+                billed=False,
+                streamed=False,
+                cancelled=False,
+                started=started,
+                generation_s=delay,
+            )
             return await self._finish(resp, fault, orjson.dumps(payload))
         if fault == "finish_error":
             partial = prepared.content[: len(prepared.content) // 2]

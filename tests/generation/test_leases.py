@@ -30,7 +30,9 @@ def _holder(location, host, conn):
     """Reserve four $0.25 requests and half the slots, then answer the parent until told to stop."""
     _as_host(host)
     led = BudgetLedger(location, lease_s=LEASE_S)
-    led.reserve_many([("B1", "B1/0", f"{host}-{i}", 0.25, 10) for i in range(4)], budget_usd=10, token_budget=None)
+    reqs = [("B1", "B1/0", f"{host}-{i}", 0.25, 10) for i in range(4)]
+    g, _ = led.reserve_many(reqs, budget_usd=10, token_budget=None)
+    led.mark_sent([r.id for r in g])  # in flight: their requests went out
     conn.send(led.lease_slots(50, 0, 100))
     while (msg := conn.recv()) is not None:
         try:

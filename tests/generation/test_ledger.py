@@ -55,7 +55,8 @@ def test_spend_persists_across_reopen(ledger_at):
 
 def _reserve_and_hang(path, ready):
     led = BudgetLedger(path)
-    led.reserve_many([("B1", "B1/0", f"p{i}", 0.25, 10) for i in range(4)], budget_usd=10, token_budget=None)
+    g, _ = led.reserve_many([("B1", "B1/0", f"p{i}", 0.25, 10) for i in range(4)], budget_usd=10, token_budget=None)
+    led.mark_sent([r.id for r in g])  # their requests went out (one only reserved ahead would be released)
     ready.set()
     time.sleep(60)
 
@@ -336,7 +337,8 @@ def _open_fresh(path, start, out):
     start.wait(30)
     try:
         led = BudgetLedger(path)
-        led.reserve_many([("B1", "B1/0", f"{os.getpid()}", 0.01, 1)], budget_usd=1.0, token_budget=None)
+        g, _ = led.reserve_many([("B1", "B1/0", f"{os.getpid()}", 0.01, 1)], budget_usd=1.0, token_budget=None)
+        led.mark_sent([r.id for r in g])
         led.close()
         out.put("ok")
     except Exception as exc:  # reported to the test, which shows it
@@ -401,11 +403,14 @@ def test_uncertain_attempts_are_charged_provisionally_then_resolved_or_written_o
 def test_an_orphan_whose_generation_id_arrived_is_settled_later(ledger_at):
     path = ledger_at("l")
     dead = BudgetLedger(path)
-    g, _ = dead.reserve_many([("B1", "B1/0", f"p{i}", 0.40, 100) for i in range(3)], budget_usd=10, token_budget=None)
+    g, _ = dead.reserve_many([("B1", "B1/0", f"p{i}", 0.40, 100) for i in range(4)], budget_usd=10, token_budget=None)
+    dead.mark_sent([g[0].id, g[1].id, g[2].id])  # p3 was only reserved ahead: its request never went out
     dead.note_generation_ids([(g[0], "gen-head-0"), (g[1], "gen-head-1")])  # p2's head never came
     dead.close()  # a close with open reservations orphans them, like a dead owner
     led = BudgetLedger(path)
+    # p2 may have been billed: its worst case; p3 sent nothing: released, not charged.
     assert led.totals().usd_spent == pytest.approx(1.2) and led.totals().in_flight == 0
+    assert led.totals().usd_reserved == 0 and "released" not in led.spend_by_kind()
     assert sorted(u.generation_id for u in led.uncertain_attempts()) == ["gen-head-0", "gen-head-1"]
     assert all(u.provisional_usd == pytest.approx(0.4) for u in led.uncertain_attempts())
     # The abandoned request was billed 0.11 in full; the other was journaled, so the rerun corrects it.

@@ -128,6 +128,34 @@ def test_what_a_run_leaves_uncertain_is_charged_provisionally_and_settled_by_the
     assert pending2 == [] and spent2 == pytest.approx(billed, rel=1e-9)
 
 
+def test_a_request_goes_out_only_once_the_ledger_knows_it_may_be_billed(tmp_path):
+    async def go() -> None:
+        path = tmp_path / "l.sqlite"
+        led = BudgetLedger(path)
+        settler = LazySettler(led, None, SettlementSchedule(note_flush_s=0.01))
+        g, _ = led.reserve_many(
+            [("B1", "B1/0", f"p{i}", 0.30, 100) for i in range(3)], budget_usd=10, token_budget=None
+        )
+        loop = asyncio.create_task(settler.run())
+        try:
+            # Two sends wait for one flush together; the third reservation stays reserved ahead.
+            await asyncio.wait_for(asyncio.gather(settler.sending(g[0]), settler.sending(g[1])), 5)
+            settler.note(g[0], "gen-sent-0")
+            await asyncio.sleep(0.05)
+        finally:
+            loop.cancel()
+            await asyncio.gather(loop, return_exceptions=True)
+        led.close()  # like a kill: the open reservations are orphaned
+        after = BudgetLedger(path)
+        try:
+            assert after.totals().usd_spent == pytest.approx(0.60)  # g0 provisional, g1 worst case, g2 released
+            assert [(a.generation_id, a.prompt_id) for a in after.uncertain_attempts()] == [("gen-sent-0", "p0")]
+        finally:
+            after.close()
+
+    asyncio.run(go())
+
+
 def test_settler_loop_survives_a_failing_lookup(tmp_path):
     async def broken(_: str) -> dict | None:
         raise ConnectionError("no route to host")

@@ -18,6 +18,12 @@ def check(result: dict, cfg: SoakConfig) -> None:
     # Only what was in flight at a kill can have been bought twice.
     assert result["rebought_in_flight_at_kills"] <= cfg.kills * cfg.concurrency
     assert result["streamed_share_of_last_200"] == (1.0 if cfg.stream else 0.0)
+    # While /generation did not know them, the kills' orphans and uncertain attempts stayed charged; once it
+    # did, one settlement pass brought the books to what was billed (what still differs: no id was seen).
+    st = result["settlement"]
+    assert st["uncertain_after"] == 0 and st["charged_after_usd"] <= st["charged_before_usd"] + 1e-9
+    assert st["kill_cost_after_usd"] <= st["kill_cost_before_usd"] + 1e-9
+    assert st["charged_after_usd"] == pytest.approx(result["spent_usd"])
 
 
 def test_sigkill_without_faults_loses_and_duplicates_nothing(tmp_path):
@@ -36,6 +42,11 @@ def test_sigkill_without_faults_loses_and_duplicates_nothing(tmp_path):
     result = run_soak(cfg, tmp_path, log=lambda _: None)
     check(result, cfg)
     assert len(result["kills"]) == 2 and all(k["at_records"] > 0 for k in result["kills"])
+    st = result["settlement"]
+    # Requests in flight at a kill had named their generation in the head: settled to what was billed, not
+    # charged their worst case for good.
+    assert st["resolved"] > 0 and st["kill_cost_after_usd"] < st["kill_cost_before_usd"]
+    assert st["by_kind_after"].get("orphan_settled", 0) > 0
 
 
 @pytest.mark.slow
