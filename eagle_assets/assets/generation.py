@@ -21,6 +21,7 @@ from eagle_assets.generation.partition_output import write_partition_parquet
 from eagle_assets.generation.plan import PlanRefusal, plan_gate
 from eagle_assets.generation.plan_file import read_plan
 from eagle_assets.generation.runner import PartitionJob, PartitionReport
+from eagle_assets.generation.shard_identity import ShardIdentity, check_shard_identity
 from eagle_assets.k8s_placement import cpu_step_tags
 from resources.duckdb.resource import DuckDBResource
 from resources.openrouter.resource import OpenRouterResource
@@ -157,6 +158,9 @@ def run_generation(
     if len(problems) > MAX_LOGGED_PROBLEMS:
         context.log.warning(f"... and {len(problems) - MAX_LOGGED_PROBLEMS} more unusable rows in this shard")
     journal, parquet = partition_paths(spec.name, shard)
+    check_shard_identity(
+        journal, ShardIdentity(inputs.scan.rows, spec.shard_size, spec.order, spec.seed, inputs.source.description)
+    )
     try:
         gate = plan_gate(read_plan(), spec.name, spec.output_token_budget)
     except PlanRefusal as exc:

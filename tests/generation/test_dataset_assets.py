@@ -130,3 +130,19 @@ def test_a_mostly_bad_set_and_an_empty_shard_fail_before_anything_is_sent(env):
     text = failure_text(result)
     assert "none of the shard's 1 rows can be asked" in text and "invalid_json 1" in text
     assert sim.stats(0)["requests_received"] == 0
+
+
+def test_a_source_that_grew_under_a_started_partition_stops_it(env):
+    tmp, sim, instance = env
+    data = tmp / "grow.jsonl"
+    data.write_bytes(b"\n".join(sharegpt_line(i, turns=1) for i in range(6)) + b"\n")
+    (tmp / "datasets.yaml").write_text("datasets:\n  GROW: {path: grow.jsonl, shard_size: 3}\n")
+    _, result = materialize(load_datasets(tmp / "datasets.yaml")["GROW"], sim, instance)
+    assert result.success
+    sent = sim.stats(0)["requests_received"]
+    with data.open("ab") as f:
+        f.write(sharegpt_line(6, turns=1) + b"\n")
+    _, result = materialize(load_datasets(tmp / "datasets.yaml")["GROW"], sim, instance)
+    text = failure_text(result)
+    assert not result.success and "was started on" in text and "with 6 rows" in text and "has 7" in text
+    assert sim.stats(0)["requests_received"] == sent
