@@ -276,12 +276,12 @@ class BudgetLedger:
         self.recover_dead_owners()
 
     # --- plumbing ---------------------------------------------------------------------------
-    def _tx(self):  # type: ignore[no-untyped-def]
-        return self.db.tx()
+    def _tx(self, durable: bool = True):  # type: ignore[no-untyped-def]
+        return self.db.tx(durable)
 
     def _beat(self) -> bool:
         """Renew this owner's lease (heartbeat thread); False once the row is gone (declared dead)."""
-        with self._beat_db.tx() as cur:
+        with self._beat_db.tx(durable=False) as cur:
             sql = f"UPDATE owners SET heartbeat = {self.db.now_sql} WHERE owner = ? RETURNING owner"
             return cur.execute(sql, (self.owner,)).fetchone() is not None
 
@@ -759,7 +759,7 @@ class BudgetLedger:
         """
         if time.monotonic() - self._last_dead_check > min(DEAD_OWNER_CHECK_S, self.lease_s / 10):
             self.recover_dead_owners()
-        with self._tx() as cur:
+        with self._tx(durable=False) as cur:  # re-leased every 0.1 s: soft state
             self._assert_alive(cur)
             rows = cur.execute("SELECT owner, want, held FROM slots WHERE owner != ?", (self.owner,)).fetchall()
             wants = {o: w for o, w, _ in rows}

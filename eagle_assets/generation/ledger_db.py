@@ -86,8 +86,13 @@ class LedgerDatabase:
 
     # --- what each backend provides -----------------------------------------------------------
     @contextmanager
-    def tx(self) -> Iterator[Cursor]:
-        """A write transaction that no other process's write transaction overlaps."""
+    def tx(self, durable: bool = True) -> Iterator[Cursor]:
+        """A write transaction that no other process's write transaction overlaps.
+
+        ``durable=False``: soft state that is rewritten within a second anyway (slot leases, heartbeats):
+        PostgreSQL may acknowledge its commit before the WAL reaches the disk, so that its writers, which hold
+        the ledger's lock, do not wait on an fsync. SQLite's commits never wait on one (WAL, synchronous=NORMAL).
+        """
         raise NotImplementedError
         yield  # pragma: no cover
 
@@ -156,7 +161,7 @@ class SQLiteLedgerDatabase(LedgerDatabase):
                 time.sleep(0.02)
 
     @contextmanager
-    def tx(self) -> Iterator[Cursor]:
+    def tx(self, durable: bool = True) -> Iterator[Cursor]:
         with self._lock:
             cur = self._db.cursor()
             cur.execute("BEGIN IMMEDIATE")
@@ -269,13 +274,15 @@ class PostgresLedgerDatabase(LedgerDatabase):
         self._sql: dict[str, str] = {}
 
     @contextmanager
-    def tx(self) -> Iterator[Cursor]:
+    def tx(self, durable: bool = True) -> Iterator[Cursor]:
         """Pipelined: statements go out without waiting for each answer; a fetch waits for what it reads.
         A transaction of the ledger is a dozen statements, most of them writes: one round trip each would
         be most of its time."""
         with self._lock, self._db.pipeline(), self._db.transaction():
             cur = self._db.cursor()
             cur.execute("SELECT pg_advisory_xact_lock($1)", (LEDGER_LOCK_KEY,))
+            if not durable:
+                cur.execute("SET LOCAL synchronous_commit = off")
             yield _PgCursor(cur, self._sql)
 
     @contextmanager
