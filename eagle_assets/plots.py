@@ -112,5 +112,5 @@ def plan_cost_md(costs: Mapping[str, tuple[float, float, float]], available: flo
     right.set_title("cumulative against the budget")
     right.grid(alpha=0.3)
     right.legend(fontsize=7)
-    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
     return _markdown_png(fig, title)

@@ -1,10 +1,11 @@
 """The OpenRouter account as an observable source asset: its money, observed while it is spent.
 
-Dagster draws every numeric metadata entry of an asset's observations as a plot over time, so the
-account's remaining credit, the ledger's spend, held dollars and output tokens become curves in the
-asset's Plots tab. Observations come from three places: this asset's own observe step ("Observe
-sources" in the UI), the credits sensor on each evaluation, and every generation run every
-``account_observe_interval_s`` (``context.log_event``) — so the curve moves while a run is going.
+Dagster draws every numeric metadata entry of an asset's observations as a plot over time (the
+asset page's Metadata section, Plots view), so the account's remaining credit, the ledger's spend,
+held dollars and output tokens become curves. Observations come from four places: this asset's own
+observe step ("Observe" in the UI), the credits sensor on each evaluation, the generation plan (the
+money before any spend), and every generation run every ``account_observe_interval_s``
+(``context.log_event``) — so the curve moves while a run is going.
 """
 
 import warnings
@@ -49,7 +50,7 @@ def _account_asset() -> dg.SourceAsset:
             group_name=ACCOUNT_GROUP,
             description="The OpenRouter key's remaining credit and the budget ledger's spend, held dollars and"
             " output tokens. Observed by every generation run (every account_observe_interval_s) and by the"
-            " credits_topup_backfill sensor; the Plots tab shows spend over time.",
+            " credits_topup_backfill sensor; the metadata's Plots view shows spend over time.",
         )
         def openrouter_account(openrouter: OpenRouterResource) -> dg.ObserveResult:
             snap = openrouter.account_snapshot("observe openrouter_account")

@@ -18,6 +18,7 @@ The pure work is in ``eagle_assets.generation.plan``; this module gathers its in
 
 import asyncio
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +26,10 @@ import dagster as dg
 from pydantic import Field
 
 from eagle_assets import settings
+from eagle_assets.assets.account import account_observation
 from eagle_assets.assets.generation import GENERATION_GROUP, GENERATION_POOL, PLAN_KEY, partition_paths
 from eagle_assets.datasets.config import DatasetSpec
+from eagle_assets.generation.account_snapshot import AccountSnapshot
 from eagle_assets.generation.estimate import tokenizer_estimator
 from eagle_assets.generation.ledger import BudgetLedger
 from eagle_assets.generation.plan import (
@@ -131,8 +134,13 @@ def run_pilots(
 
 
 def build_plan(
-    specs: list[DatasetSpec], config: GenerationPlanConfig, openrouter: OpenRouterResource, log: Any
+    specs: list[DatasetSpec],
+    config: GenerationPlanConfig,
+    openrouter: OpenRouterResource,
+    log: Any,
+    observe: Callable[[AccountSnapshot], None] | None = None,
 ) -> Plan:
+    """``observe``: receives the account's money as the plan saw it (a point on the account's curve)."""
     if config.on_overrun not in OVERRUN_CHOICES or config.proposal not in PROPOSAL_RULES:
         raise dg.Failure(
             description=f"on_overrun must be one of {OVERRUN_CHOICES} and proposal one of {PROPOSAL_RULES};"
@@ -202,6 +210,8 @@ def build_plan(
             f" ({len(counted):,} prompts rendered), lengths from {stats.source}"
         )
     snap = openrouter.account_snapshot("generation_plan")
+    if observe is not None:
+        observe(snap)
     widest = max((i.lengths for i in inputs), key=lambda s: s.mean, default=prior)
     money = Money(
         snap.budget_usd,
@@ -254,7 +264,9 @@ def build_plan_asset(specs: list[DatasetSpec]) -> dg.AssetsDefinition:
     def generation_plan(
         context: dg.AssetExecutionContext, config: GenerationPlanConfig, openrouter: OpenRouterResource
     ) -> dg.MaterializeResult:
-        plan = build_plan(specs, config, openrouter, context.log)
+        plan = build_plan(
+            specs, config, openrouter, context.log, observe=lambda snap: context.log_event(account_observation(snap))
+        )
         path = write_plan(plan.to_json())
         context.log.info(f"generation plan ({path}): {plan.summary()}")
         meta = plan_metadata(plan)

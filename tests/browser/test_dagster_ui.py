@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.browser.conftest import ARTIFACTS, DagsterUI
+from tests.browser.conftest import ARTIFACTS, CODE_LOCATION, DagsterUI
 
 ASSET_PATH = ["generated", "B1"]
 PARTITION = "0000"
@@ -153,3 +153,98 @@ def test_materialize_one_generation_partition_from_the_ui(dagster_ui: DagsterUI,
     # The simulator that served it ran under the temporary home, on the port the test chose.
     sim_log = (dagster_ui.forge_home / "simulator" / "simulator.log").read_text(errors="replace")
     assert f"127.0.0.1:{dagster_ui.sim_port}" in sim_log, sim_log[:500]
+
+
+LAUNCH_MUTATION = """
+mutation Launch($params: ExecutionParams!) {
+  launchPipelineExecution(executionParams: $params) {
+    __typename
+    ... on LaunchRunSuccess { run { runId } }
+    ... on PythonError { message }
+    ... on RunConfigValidationInvalid { errors { message } }
+  }
+}
+"""
+
+
+def launch_plan(ui: DagsterUI) -> str:
+    """The generation plan without a pilot (the embedded target answers slowly on CPU): the prior's plan."""
+    params = {
+        "selector": {
+            "repositoryLocationName": CODE_LOCATION,
+            "repositoryName": "__repository__",
+            "pipelineName": "__ASSET_JOB",
+            "assetSelection": [{"path": ["generation_plan"]}],
+        },
+        "runConfigData": {"ops": {"generation_plan": {"config": {"pilot_prompts": 0}}}},
+    }
+    out = ui.graphql(LAUNCH_MUTATION, {"params": params}, timeout_s=60.0)["launchPipelineExecution"]
+    assert out["__typename"] == "LaunchRunSuccess", out
+    return out["run"]["runId"]
+
+
+def wait_for_run(ui: DagsterUI, run_id: str) -> None:
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    run = run_status(ui, run_id)
+    while run["status"] not in ("SUCCESS", "FAILURE", "CANCELED") and time.monotonic() < deadline:
+        time.sleep(1.0)
+        run = run_status(ui, run_id)
+    assert run["status"] == "SUCCESS", f"run {run_id}: {run['status']}\n{ui.log_tail()}"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(280)
+def test_the_generation_plan_and_the_accounts_plot_in_the_ui(dagster_ui: DagsterUI, page: Any) -> None:
+    """The plan's table and cost plot on its asset page; the account's spend plotted over its observations (the
+    plan observed it once; the asset page's Observe button adds one)."""
+    from playwright.sync_api import expect
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    wait_for_run(dagster_ui, launch_plan(dagster_ui))
+    page.goto(f"{dagster_ui.url}/assets/generation_plan", wait_until="domcontentloaded")
+
+    def open_markdown(key: str) -> Any:
+        row = page.get_by_role("row").filter(has=page.get_by_text(key, exact=True))
+        row.get_by_text("[Show Markdown]").first.click()
+        dialog = page.get_by_role("dialog")
+        expect(dialog).to_be_visible()
+        return dialog
+
+    expect(page.get_by_text("projected_usd", exact=True).first).to_be_visible(timeout=60_000)
+    table = open_markdown("plan")
+    expect(table.get_by_text("answer lengths from").first).to_be_visible()  # the table's header
+    expect(table.get_by_text("available to this plan").first).to_be_visible()
+    page.screenshot(path=str(ARTIFACTS / "generation_plan.png"))
+    page.keyboard.press("Escape")
+    expect(table).to_be_hidden()
+    plot = open_markdown("cost_plot")
+    expect(plot.get_by_role("img", name="generation plan")).to_be_visible()  # cost per dataset, cumulative
+    page.screenshot(path=str(ARTIFACTS / "generation_plan_plot.png"))
+    page.keyboard.press("Escape")
+
+    page.goto(f"{dagster_ui.url}/assets/openrouter_account", wait_until="domcontentloaded")
+    observe = page.get_by_role("button", name="Observe").first  # the header's "Observe" (icon + text)
+    expect(observe).to_be_enabled(timeout=60_000)
+    observe.click()
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while time.monotonic() < deadline:
+        count = dagster_ui.graphql(OBSERVATIONS_QUERY)["assetNodes"][0]["assetObservations"]
+        if len(count) >= 2:
+            break
+        time.sleep(1.0)
+    else:
+        pytest.fail(f"no second observation of openrouter_account:\n{dagster_ui.log_tail()}", pytrace=False)
+    page.goto(f"{dagster_ui.url}/assets/openrouter_account", wait_until="domcontentloaded")
+    expect(page.get_by_text("observed_by", exact=True).first).to_be_visible(timeout=60_000)
+    page.get_by_role("button", name="Plots").first.click()  # the metadata section's Table | Plots switch
+    plots = page.get_by_text("No numeric metadata entries available to be graphed.")
+    expect(page.get_by_text("spent_usd", exact=True).first).to_be_visible()
+    expect(page.get_by_text("remaining_credit_usd", exact=True).first).to_be_visible()
+    expect(plots).to_have_count(0)
+    expect(page.locator("canvas").first).to_be_visible()  # the charts themselves
+    page.screenshot(path=str(ARTIFACTS / "account_plots.png"), full_page=True)
+
+
+OBSERVATIONS_QUERY = """
+query { assetNodes(assetKeys: [{path: ["openrouter_account"]}]) { assetObservations(limit: 10) { timestamp } } }
+"""
