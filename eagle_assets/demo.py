@@ -117,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         TINY_TARGET_TRAIN_CONFIG,
         latest_export_dir,
     )
+    from eagle_assets.assets.generation import PLAN_KEY
     from eagle_assets.assets.hidden_state_checks import check_summaries
     from eagle_assets.assets.hidden_states import HIDDEN_STATES_KEY
 
@@ -127,6 +128,10 @@ def main(argv: list[str] | None = None) -> int:
     start = time.monotonic()
 
     print("1/5 generation (OpenRouter simulator) + exact token ids, per dataset × shard", flush=True)
+    # What the targets cost before anything is bought (no pilot here: the tiny target answers slowly on CPU).
+    demo.materialize([PLAN_KEY], "generation_plan", config={"generation_plan": {"config": {"pilot_prompts": 0}}})
+    if demo.systemic:
+        return finish(demo, start, home, sim)
     for name, spec in definitions.DATASETS.items():
         if args.datasets and name not in args.datasets:
             continue

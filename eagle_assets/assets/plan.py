@@ -203,6 +203,7 @@ def build_plan(
                 stats,
                 latency,
                 latency_source,
+                gen.max_tokens,
             )
         )
         log.info(
@@ -221,7 +222,15 @@ def build_plan(
         snap.cap_source,
         tail_reserve_usd(gen.max_in_flight, widest, prices, gen.tail_fraction, gen.admission),
     )
-    return make_plan(inputs, prices, money, gen.max_in_flight, config.on_overrun, config.proposal)
+    return make_plan(
+        inputs,
+        prices,
+        money,
+        gen.max_in_flight,
+        config.on_overrun,
+        config.proposal,
+        tail_fraction=gen.tail_fraction,
+    )
 
 
 def _has_tools(queue: DatasetQueue) -> bool:

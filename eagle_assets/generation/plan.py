@@ -11,9 +11,12 @@ With ``n`` prompts pending, ``R`` tokens left to its target and answer lengths o
 
 - all ``n`` answered would produce ``n·μ`` tokens, ± ``z·sqrt((n·se)² + n·σ²)`` (the error of ``μ`` and
   the spread of the answers themselves);
-- the run stops at whichever comes first: the target (met within ``token_overshoot``, as admission
-  keeps it) or the prompts; so tokens = ``min(R, n·μ)`` and requests = ``min(n, R/μ)``, each with the
-  interval those errors give (95%: ``z = 1.96``);
+- the run stops at whichever comes first: the target or the prompts; so tokens = ``min(T, n·μ)`` and
+  requests = ``min(n, T/μ)``, each with the interval those errors give (95%: ``z = 1.96``). ``T`` is
+  where admission really stops on a target (``token_target_stop``): its overshoot guard lets a last batch
+  start only while ``produced + t·μ + dev(t)`` stays within ``target·(1 + token_overshoot)``, and the
+  deviation keeps a range term of about ``ln(1/p)/3 · max_tokens``; at production ratios (10M against
+  16,384) that is within the 1% tolerance, for a target of 100 × max_tokens the run may end 4% below it;
 - prompt tokens are the exact counts of the first ``requests`` pending prompts (the serving-path
   renderer's, what the provider bills), at the interval's ends too;
 - dollars: tokens at the expected price per token (the routing mix seen so far, else the cheapest
@@ -40,7 +43,7 @@ from dataclasses import asdict, dataclass, field, replace
 from itertools import accumulate
 from typing import Any
 
-from eagle_assets.generation.admission import AdmissionPolicy, Moments
+from eagle_assets.generation.admission import AdmissionPolicy, Moments, bernstein_deviation
 
 OVERRUN_CHOICES = ("wait", "scale_down", "proceed")
 PROPOSAL_RULES = ("equal", "proportional")
@@ -62,6 +65,7 @@ class LengthStats:
     mean_se: float  # standard error of ``mean``
     samples: int  # measured answers behind it; 0 for a configured prior
     source: str
+    variance_ucb: float | None = None  # admission's upper bound of the variance (None: ``sd²``)
 
     def __post_init__(self) -> None:
         if not self.mean > 0 or self.sd < 0 or self.mean_se < 0:
@@ -72,7 +76,9 @@ class LengthStats:
         if m.n < 2 or m.mean <= 0:
             raise PlanInputError(f"{source}: {m.n} answers are too few to measure lengths from")
         sd = math.sqrt(m.variance)
-        return LengthStats(m.mean, sd, sd / math.sqrt(m.n), m.n, source)
+        policy = AdmissionPolicy()
+        spread = math.sqrt(max(0.0, m.fourth_central - m.variance**2) / m.n)
+        return LengthStats(m.mean, sd, sd / math.sqrt(m.n), m.n, source, m.variance + policy.variance_z * spread)
 
     @staticmethod
     def prior(mean: float, sd: float, mean_error: float, source: str = "configured prior") -> "LengthStats":
@@ -167,6 +173,7 @@ class DatasetInput:
     lengths: LengthStats
     latency_s: float  # mean seconds per answer
     latency_source: str
+    max_tokens: int | None = None  # per request; None: the target is taken as met exactly (no overshoot guard)
 
     def __post_init__(self) -> None:
         if self.token_target < 0 or self.pending < 0 or len(self.prompt_tokens) > self.pending:
@@ -218,6 +225,38 @@ def requests_needed(lengths: LengthStats, tokens_left: int, pending: int, z: flo
     return min(pending, math.ceil(r.high) + 1)
 
 
+def token_target_stop(
+    target: int,
+    lengths: LengthStats,
+    max_tokens: int,
+    in_flight: int,
+    answers_at_end: float,
+    tail_fraction: float = 0.1,
+    policy: AdmissionPolicy | None = None,
+) -> Span:
+    """Where generation stops on a token target (produced tokens, the whole dataset).
+
+    Near the target the runner starts batches of ``t`` requests (``token_overshoot`` of the target's worth, at
+    most ``tail_fraction`` of the cap), each only while ``produced + min(held(t), t·max_tokens)`` stays within
+    ``C = target·(1 + token_overshoot)`` (``token_admission``), and single requests while a few slots free up
+    and still fit. So it ends between ``C − min(held(t), t·max_tokens)`` and ``C``: the interval. B1–B8 at once
+    (bench_plan.py) end where a batch no longer fits with nothing in flight: that point plus about half a
+    batch, the expectation (within 1–4% at 92 max_tokens per target). A run that keeps many requests in flight
+    to the end admits further, up to about ``C − ln(1/p)·max_tokens/3`` (test_plan.py: 2–3% above the
+    expectation at 117 per target). At production ratios the whole interval is within 1% of the target."""
+    policy = policy or AdmissionPolicy()
+    mean = lengths.mean
+    t = max(1, min(math.ceil(tail_fraction * in_flight), math.ceil(policy.token_overshoot * target / mean)))
+    m = max(answers_at_end, 1.0)
+    variance = lengths.variance_ucb if lengths.variance_ucb is not None else lengths.sd**2
+    held = t * mean + bernstein_deviation(
+        variance * (t + t * t / m), max(max_tokens, t * max_tokens / m), policy.token_log_term
+    )
+    ceiling = target * (1.0 + policy.token_overshoot)
+    low = max(0.0, ceiling - min(held, t * max_tokens))
+    return Span(min(low + t * mean / 2, ceiling), low, ceiling)
+
+
 def _requests(s: LengthStats, left: int, n: int, z: float) -> Span:
     if n == 0 or left <= 0:
         return Span(0.0, 0.0, 0.0)
@@ -245,26 +284,31 @@ def project_dataset(
     prices: PriceModel,
     in_flight: int,
     z: float = Z95,
-    token_overshoot: float = AdmissionPolicy().token_overshoot,
+    policy: AdmissionPolicy | None = None,
     cumulative: Sequence[int] | None = None,
+    tail_fraction: float = 0.1,
 ) -> DatasetProjection:
     """``cumulative``: running sums of ``inp.prompt_tokens`` when the caller has them (proposals ask many times)."""
+    policy = policy or AdmissionPolicy()
     left = max(0, inp.token_target - inp.produced_tokens)
     n, s = inp.pending, inp.lengths
     every = Span(n * s.mean, 0.0, 0.0)
     spread = math.sqrt((n * s.mean_se) ** 2 + n * s.sd**2)
     every = Span(every.expected, max(0.0, every.expected - z * spread), every.expected + z * spread)
-    if n == 0 or left == 0:
+    eps = policy.token_overshoot
+    if inp.max_tokens is None:
+        stop = Span(left, left * (1.0 - eps), left * (1.0 + eps))
+    else:
+        at_end = s.samples + left / s.mean
+        whole = token_target_stop(inp.token_target, s, inp.max_tokens, in_flight, at_end, tail_fraction, policy)
+        stop = Span(*(max(0.0, v - inp.produced_tokens) for v in (whole.expected, whole.low, whole.high)))
+    if n == 0 or left == 0 or stop.expected == 0:
         bound = "done"
         tokens = Span(0.0, 0.0, 0.0)
     else:
-        bound = "target" if left <= every.expected else "prompts"
-        tokens = Span(
-            min(left, every.expected),
-            min(left * (1.0 - token_overshoot), every.low),
-            min(left * (1.0 + token_overshoot), every.high),
-        )
-    requests = _requests(s, left, n, z)
+        bound = "target" if stop.expected <= every.expected else "prompts"
+        tokens = Span(min(stop.expected, every.expected), min(stop.low, every.low), min(stop.high, every.high))
+    requests = _requests(s, math.ceil(stop.expected) if bound != "done" else 0, n, z)
     if cumulative is None:
         cumulative = list(accumulate(inp.prompt_tokens))
     prompt = Span(*(_prompt_tokens_of(cumulative, r) for r in (requests.expected, requests.low, requests.high)))
@@ -411,7 +455,9 @@ def make_plan(
     on_overrun: str = "wait",
     proposal_rule: str = "proportional",
     z: float = Z95,
+    tail_fraction: float = 0.1,
 ) -> Plan:
+    """``tail_fraction``: the runner's (``GenerationSettings.tail_fraction``): it sizes a target's last batch."""
     if on_overrun not in OVERRUN_CHOICES:
         raise PlanInputError(f"on_overrun must be one of {', '.join(OVERRUN_CHOICES)}, not {on_overrun!r}")
     if proposal_rule not in PROPOSAL_RULES:
@@ -421,18 +467,25 @@ def make_plan(
     names = [i.name for i in inputs]
     if len(set(names)) != len(names):
         raise PlanInputError(f"a dataset is listed twice: {names}")
-    projections = [project_dataset(i, prices, in_flight, z) for i in inputs]
+    projections = [project_dataset(i, prices, in_flight, z, tail_fraction=tail_fraction) for i in inputs]
     plan = Plan(projections, money, in_flight, prices.source, on_overrun, proposal_rule)
     if plan.fits:
         return plan
     proposals = {
-        rule: propose_targets(inputs, prices, money.available_usd, in_flight, rule, z) for rule in PROPOSAL_RULES
+        rule: propose_targets(inputs, prices, money.available_usd, in_flight, rule, z, tail_fraction)
+        for rule in PROPOSAL_RULES
     }
     return replace(plan, proposals=proposals)
 
 
 def propose_targets(
-    inputs: Sequence[DatasetInput], prices: PriceModel, money: float, in_flight: int, rule: str, z: float = Z95
+    inputs: Sequence[DatasetInput],
+    prices: PriceModel,
+    money: float,
+    in_flight: int,
+    rule: str,
+    z: float = Z95,
+    tail_fraction: float = 0.1,
 ) -> dict[str, int]:
     """Token targets whose projected dollars (the 95% upper end) fit ``money``.
 
@@ -455,7 +508,14 @@ def propose_targets(
     def cost(level: float) -> float:
         t = targets_at(level)
         return sum(
-            project_dataset(replace(i, token_target=t[i.name]), prices, in_flight, z, cumulative=sums[i.name]).usd.high
+            project_dataset(
+                replace(i, token_target=t[i.name]),
+                prices,
+                in_flight,
+                z,
+                cumulative=sums[i.name],
+                tail_fraction=tail_fraction,
+            ).usd.high
             for i in inputs
         )
 

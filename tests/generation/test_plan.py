@@ -238,3 +238,24 @@ def test_the_queue_counts_every_turn_and_prices_later_turns_with_the_answers_the
     assert flat[-1] == 10 * 5  # a third turn: two earlier turns (question + answer each) and its own question
     pilot = queue.pilot(7)
     assert sum(chains.total for _, _, chains in pilot if chains is not None) >= 7  # whole conversations
+
+
+def test_where_a_token_target_really_stops_matches_the_runner(harness):
+    """The real runner against the simulator: a 30,000-token target with max_tokens 256 (117 of them) stops short
+    of it by the overshoot guard's margin, where ``token_target_stop`` says."""
+    from eagle_assets.generation.ledger import BudgetLedger
+    from eagle_assets.generation.plan import token_target_stop
+    from tests.generation.conftest import make_prompts
+
+    target = 30_000
+    report = harness.run(make_prompts(2000), token_budget=target, max_tokens=256, max_in_flight=64)
+    assert report.stop_reason == "tokens", report.summary()
+    led = BudgetLedger(harness.ledger_path)
+    try:
+        moments, produced = led.length_moments("T1"), led.totals("T1").tokens_spent
+    finally:
+        led.close()
+    stop = token_target_stop(target, LengthStats.measured(moments, "run"), 256, 64, moments.n)
+    assert stop.low < 0.99 * target  # the guard's margin is real at this ratio ...
+    assert stop.low <= produced <= stop.high  # ... and the runner stops inside it
+    assert abs(produced - stop.expected) < 0.04 * target
