@@ -72,7 +72,12 @@ class EngineClient:
         try:
             async with self._session.request(method, url, json=json) as resp:
                 if resp.content_type == "application/json":
-                    body: Any = await resp.json()
+                    try:
+                        body: Any = await resp.json()
+                    except ValueError as exc:
+                        raise EngineResponseError(
+                            f"{self.engine} {method} {path}: a body that is not JSON: {exc}"
+                        ) from exc
                 else:
                     body = await resp.text()
                 return resp.status, body
