@@ -109,15 +109,31 @@ def journaled(home: Path, datasets: list[str]) -> int:
 
 
 # --- a host: its process tree ----------------------------------------------------------------------
-def host_main(launcher: str, datasets: list[str]) -> int:
+def _start_line(gate: Path | None) -> None:
+    """Say this host is ready, then wait for the driver's go: hosts that start together compete from the first
+    request, where one that started late would find the other had spent the budget already."""
+    if gate is None:
+        return
+    (gate / f"ready-{os.getpid()}").touch()
+    deadline = time.monotonic() + 600
+    while not (gate / "go").exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError("the driver never said go")
+        time.sleep(0.02)
+
+
+def host_main(launcher: str, datasets: list[str], gate: Path | None = None) -> int:
     """The root of one host's process tree: each partition in a child, as a pod per run would."""
     if launcher == "cli":
         cmds = [[*MATERIALIZE, "--select", f"generated/{d}", "--partition", "0000"] for d in datasets]
+        _start_line(gate)
         procs = [subprocess.Popen(cmd) for cmd in cmds]
         return max(p.wait() for p in procs)
     import dagster as dg  # loaded once, before the forks: each child starts at once
 
     from eagle_assets import definitions
+
+    _start_line(gate)
 
     pids = []
     for d in datasets:
@@ -180,8 +196,10 @@ class Cluster:
             "PYTHONPATH": str(REPO),
         }
 
-    def start_host(self, host: str, datasets: list[str]) -> subprocess.Popen:
+    def start_host(self, host: str, datasets: list[str], gate: Path | None = None) -> subprocess.Popen:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--host", self.cfg.launcher, ",".join(datasets)]
+        if gate is not None:
+            cmd += ["--gate", str(gate)]
         log = open(self.work / f"host-{host}.log", "ab")  # noqa: SIM115 (the child's)
         return subprocess.Popen(cmd, env=self.env(host), cwd=REPO, start_new_session=True, stdout=log, stderr=log)
 
@@ -281,12 +299,22 @@ def _run_two_hosts(cfg: TwoHostConfig, work: Path, pg: LocalPostgres, log: Calla
         )
         watcher.start()
         log(f"phase 1: budget ${cl.budget:.4f}; host-a {a_sets}, host-b {b_sets}; lease {cfg.lease_s:g} s")
-        host_a, host_b = cl.start_host("host-a", a_sets), cl.start_host("host-b", b_sets)
+        gate = work / "gate"
+        gate.mkdir()
+        host_a, host_b = cl.start_host("host-a", a_sets, gate), cl.start_host("host-b", b_sets, gate)
         procs += [host_a, host_b]
+        while len(list(gate.glob("ready-*"))) < 2:
+            for h in (host_a, host_b):
+                if h.poll() is not None:
+                    raise RuntimeError(f"a host ended (rc {h.returncode}) before it was ready; see its log")
+            time.sleep(0.05)
+        (gate / "go").touch()
         target = int(cfg.kill_at * cfg.prompts * len(b_sets))
         while journaled(cl.home, b_sets) < target:
             if host_b.poll() is not None:
-                raise RuntimeError(f"host-b ended (rc {host_b.returncode}) before the kill point; see host-b.log")
+                why = [ln for ln in (work / "host-host-b.log").read_text(errors="replace").splitlines()
+                       if "budget exhausted" in ln or "stopped:" in ln][:2]
+                raise RuntimeError(f"host-b ended (rc {host_b.returncode}) before the kill point: {why}")
             if time.monotonic() - start > cfg.time_limit_s:
                 raise TimeoutError("two-hosts run exceeded its time limit")
             time.sleep(0.2)
@@ -427,6 +455,7 @@ def report(r: dict[str, Any]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--host", nargs=2, metavar=("LAUNCHER", "DATASETS"), help=argparse.SUPPRESS)
+    ap.add_argument("--gate", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--datasets", type=int, default=8)
     ap.add_argument("--prompts", type=int, default=3000)
     ap.add_argument("--max-tokens", type=int, default=256)
@@ -440,7 +469,7 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="keep the work folder")
     a = ap.parse_args()
     if a.host:
-        sys.exit(host_main(a.host[0], a.host[1].split(",")))
+        sys.exit(host_main(a.host[0], a.host[1].split(","), a.gate))
     cfg = TwoHostConfig(
         datasets=a.datasets,
         prompts=a.prompts,

@@ -200,13 +200,20 @@ _PG_TYPES = ((re.compile(r"\bINTEGER\b"), "BIGINT"), (re.compile(r"\bREAL\b"), "
 
 
 class _PgCursor:
-    """A psycopg cursor that takes the ledger's ``?`` placeholders, sent as PostgreSQL's own ``$n`` (a raw
-    cursor: psycopg parses nothing client-side; each statement is translated once and remembered)."""
+    """Takes the ledger's ``?`` placeholders, sent as PostgreSQL's own ``$n`` (raw cursors: psycopg parses
+    nothing client-side; each statement is translated once and remembered).
 
-    __slots__ = ("_cur", "_sql")
+    In a pipelined transaction every statement gets a psycopg cursor of its own, and a read first syncs the
+    pipeline: psycopg hands a cursor each answer as it is processed, so a read sharing its cursor with earlier
+    statements could return one of *their* answers if those were processed after it was sent (seen: a schema
+    check that read the advisory lock's row, then added a column that was there).
+    """
 
-    def __init__(self, cur: Any, sql_cache: dict[str, str]) -> None:
-        self._cur, self._sql = cur, sql_cache
+    __slots__ = ("_conn", "_cur", "_pipeline", "_sql")
+
+    def __init__(self, conn: Any, sql_cache: dict[str, str], pipeline: Any = None) -> None:
+        self._conn, self._sql, self._pipeline = conn, sql_cache, pipeline
+        self._cur: Any = None
 
     def _pg(self, sql: str) -> str:
         out = self._sql.get(sql)
@@ -218,6 +225,7 @@ class _PgCursor:
         return out
 
     def execute(self, sql: str, params: Any = None) -> "_PgCursor":
+        self._cur = self._conn.cursor()
         self._cur.execute(self._pg(sql), params)
         return self
 
@@ -229,21 +237,29 @@ class _PgCursor:
             return
         head, values = _split_insert(sql)
         if head is None:
+            self._cur = self._conn.cursor()
             self._cur.executemany(self._pg(sql), rows)
             return
         per = max(1, 30_000 // max(1, len(rows[0])))  # PostgreSQL takes at most 65,535 parameters a statement
         for i in range(0, len(rows), per):
             part = rows[i : i + per]
-            self._cur.execute(self._pg(head + ",".join([values] * len(part))), [v for row in part for v in row])
+            self.execute(head + ",".join([values] * len(part)), [v for row in part for v in row])
+
+    def _answered(self) -> Any:
+        if self._cur is None:
+            raise RuntimeError("fetch before any statement")
+        if self._pipeline is not None:
+            self._pipeline.sync()  # every answer sent so far is in, this statement's included
+        return self._cur
 
     def fetchone(self) -> Any:
-        return self._cur.fetchone()
+        return self._answered().fetchone()
 
     def fetchall(self) -> list[Any]:
-        return self._cur.fetchall()
+        return self._answered().fetchall()
 
     def __iter__(self) -> Iterator[Any]:
-        return iter(self._cur.fetchall())
+        return iter(self.fetchall())
 
 
 
@@ -278,17 +294,17 @@ class PostgresLedgerDatabase(LedgerDatabase):
         """Pipelined: statements go out without waiting for each answer; a fetch waits for what it reads.
         A transaction of the ledger is a dozen statements, most of them writes: one round trip each would
         be most of its time."""
-        with self._lock, self._db.pipeline(), self._db.transaction():
-            cur = self._db.cursor()
-            cur.execute("SELECT pg_advisory_xact_lock($1)", (LEDGER_LOCK_KEY,))
+        with self._lock, self._db.pipeline() as pipeline, self._db.transaction():
+            cur = _PgCursor(self._db, self._sql, pipeline)
+            cur.execute("SELECT pg_advisory_xact_lock(?)", (LEDGER_LOCK_KEY,))
             if not durable:
                 cur.execute("SET LOCAL synchronous_commit = off")
-            yield _PgCursor(cur, self._sql)
+            yield cur
 
     @contextmanager
     def read(self) -> Iterator[Cursor]:
         with self._lock:
-            yield _PgCursor(self._db.cursor(), self._sql)
+            yield _PgCursor(self._db, self._sql)
 
     def columns(self, cur: Cursor, table: str) -> set[str]:
         rows = cur.execute(
