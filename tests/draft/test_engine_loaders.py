@@ -294,7 +294,7 @@ def test_the_cli_reports_a_draft_the_engines_would_serve_with_different_embeddin
     shared = Eagle3Draft(small_config(aux_layer_ids=(2, 30, 58), target_num_layers=61))
     with warnings.catch_warnings():
         warnings.simplefilter("error", EngineEmbeddingWarning)
-        folder = export_draft(shared, tmp_path / "shared", dtype=torch.float32)
+        folder = export_draft(shared, tmp_path / "target-embedding", dtype=torch.float32)
     assert engine_loaders_main([str(folder), "--trained-layers", "2,30,58", "--target-layers", "61"]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == "ok"
     assert json.loads((folder / "config.json").read_text())["eagle_forge"]["warnings"] == []
