@@ -65,8 +65,15 @@ def launch_one_partition(ui: DagsterUI, page: Any) -> str:
     materialize = page.get_by_role("button", name="Materialize").first  # "Materialize…" (icon + text)
     expect(materialize).to_be_enabled(timeout=60_000)
     materialize.click()
+    # generated/* depends on generation_plan; on a fresh instance the plan is not materialized, so the UI first
+    # asks "Are you sure?" (upstream assets missing), as it would ask a user: confirm it.
+    confirm = page.get_by_role("dialog").filter(has_text="have not been materialized yet")
     dialog = page.get_by_role("dialog").filter(has_text="Launch runs to materialize")
-    expect(dialog).to_be_visible()
+    expect(confirm.or_(dialog)).to_be_visible(timeout=30_000)
+    if confirm.is_visible():
+        expect(confirm).to_contain_text("generation_plan")
+        confirm.get_by_role("button", name="Confirm").click()
+    expect(dialog).to_be_visible(timeout=30_000)
     # A fresh instance opens on "Custom" with nothing selected; clear any preselected partition chips
     # (clicking "Custom" itself would select them all).
     chips_close = dialog.get_by_role("img", name="close")
