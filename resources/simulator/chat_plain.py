@@ -47,23 +47,26 @@ class PlainAnswer(ChatCore):
                 await asyncio.sleep(delay)
         except (asyncio.CancelledError, ConnectionError):
             # The client gave up: OpenRouter still bills a non-streaming request in full, because
-            # the upstream generation ran to the end regardless.
-            if billable and not state.stopping:
+            # the upstream generation ran to the end regardless. Once the head named the generation,
+            # /generation knows it even when nothing is billed (a fault without output, at 0): a client
+            # that noted the id must be able to settle it.
+            if (billable or resp is not None) and not state.stopping:
                 state.record_generation(
                     gen_id,
                     req.content_hash,
                     provider,
                     prepared.prompt_tokens,
-                    prepared.completion_tokens,
-                    prepared.reasoning_tokens,
+                    prepared.completion_tokens if billable else 0,
+                    prepared.reasoning_tokens if billable else 0,
                     prepared.finish_reason,
-                    billed=True,
+                    billed=billable,
                     streamed=False,
                     cancelled=True,
                     started=started,
                     generation_s=time.monotonic() - started,
                 )
-                state.stats.by_outcome["abandoned"] += 1
+                if billable:
+                    state.stats.by_outcome["abandoned"] += 1
             raise
         headers = self._id_header(gen_id) or None
         if fault == "server_error":

@@ -185,8 +185,10 @@ class StreamAnswer(ChatCore):
             await resp.write(last + _DONE)
             await resp.write_eof()
         except (asyncio.CancelledError, ConnectionError):
-            if sent <= len(deltas) and billable and not state.stopping:
-                # A cancelled stream is billed for what was generated so far.
+            if sent <= len(deltas) and not state.stopping:
+                # A cancelled stream is billed for what was generated so far. Its id went out with the head, so
+                # /generation knows it whether or not it was billed (an unbillable fault at 0), as OpenRouter's
+                # does: a client that noted the id must be able to settle it.
                 done = prepared.completion_tokens * sent // max(1, len(deltas))
                 state.record_generation(
                     gen_id,
@@ -196,13 +198,14 @@ class StreamAnswer(ChatCore):
                     done,
                     min(done, prepared.reasoning_tokens),
                     prepared.finish_reason,
-                    billed=True,
+                    billed=billable,
                     streamed=True,
                     cancelled=True,
                     started=started,
                     generation_s=time.monotonic() - started,
                 )
-                state.stats.by_outcome["stream_abandoned"] += 1
+                if billable:
+                    state.stats.by_outcome["stream_abandoned"] += 1
             raise
         outcome = "ok" if fault is None else fault
         state.stats.by_outcome[outcome] += 1

@@ -761,3 +761,25 @@ async def test_many_concurrent_requests_are_held_at_once():
     assert all(r[0] == 200 for r in results)
     stats = sim.stats(generations_limit=0)
     assert stats["peak_in_flight"] >= 200 and stats["in_flight"] == 0 and stats["generations"] == []
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_unbilled_attempt_abandoned_after_its_head_is_known_to_generation_at_no_cost(stream):
+    """The head named the generation, then the client went away before the (unbillable) fault played out:
+    /generation must still know the id (at 0), or a client that noted it could never settle it."""
+    with simulator(latency=LatencyConfig.fixed(1.0), faults=FaultConfig(drop_connection=1.0)) as sim:
+        async with aiohttp.ClientSession() as s:
+            body = {**payload("dropped later, abandoned first"), **({"stream": True} if stream else {})}
+            req = s.post(f"{sim.base_url}/chat/completions", json=body, headers={"Authorization": "Bearer sk-or-x"})
+            resp = await asyncio.wait_for(req, 5.0)
+            gen_id = resp.headers["X-Generation-Id"]
+            resp.close()  # gone before the answer: the server notices the disconnect
+            status = 404
+            for _ in range(100):
+                status, record = await get_json(s, f"{sim.base_url}/generation?id={gen_id}")
+                if status == 200:
+                    break
+                await asyncio.sleep(0.05)
+    assert status == 200, f"/generation does not know {gen_id}"
+    assert record["data"]["total_cost"] == 0 and record["data"]["cancelled"]
+    assert sim.stats()["billed_requests"] == 0
