@@ -144,7 +144,7 @@ def run_soak(cfg: SoakConfig, work: Path, log=print) -> dict[str, Any]:
     (work / "datasets.yaml").write_text(datasets)
     sim = spawn_simulator_process(
         SimulatorConfig(
-            latency=LatencyConfig.lognormal(cfg.latency_median_s, 0.5, max_s=5.0),
+            latency=LatencyConfig.lognormal(cfg.latency_median_s, 0.5, max_s=max(5.0, 4 * cfg.latency_median_s)),
             credits=10_000.0,
             seed=cfg.seed,
             faults=FaultConfig(**cfg.faults),
@@ -320,6 +320,14 @@ def main() -> None:
     ap.add_argument("--storm-prompts", type=int, default=3000)
     ap.add_argument("--storm-rate", type=float, default=250.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--latency",
+        type=float,
+        default=0.6,
+        help="median answer latency, s (lognormal; the request timeout grows with it). At 0.6 s a kill finds many"
+        " requests whose response head has not arrived yet (their ids unknown, so charged at worst case for good);"
+        " OpenRouter's answers for a 1T model take tens of seconds, which makes that window a small share",
+    )
     ap.add_argument("--stream", action="store_true", help="stream responses (SSE)")
     ap.add_argument("--json", action="store_true", help="print the raw result as JSON")
     a = ap.parse_args()
@@ -331,6 +339,8 @@ def main() -> None:
         storm_rate_per_s=a.storm_rate,
         seed=a.seed,
         stream=a.stream,
+        latency_median_s=a.latency,
+        request_timeout_s=max(10.0, 8 * a.latency),
     )
     with tempfile.TemporaryDirectory(prefix="eagle-soak-") as tmp:
         r = run_soak(cfg, Path(tmp))
