@@ -30,10 +30,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from eagle_assets.errors import EngineError
+
 TauDefinition = Literal["output_per_verification", "accepted_per_draft"]
 
 
-class AcceptanceError(ValueError):
+class AcceptanceError(EngineError, ValueError):
     """Counts that cannot come from a speculative run (negative, or more accepted than drafted)."""
 
 

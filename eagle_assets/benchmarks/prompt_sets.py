@@ -22,6 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from eagle_assets.errors import DataError
+
 MTBENCH_SYSTEM_PROMPT = (
     "You are a helpful, respectful and honest assistant. Always answer as helpfully as possible, while being safe.  "
     "Your answers should not include any harmful, unethical, racist, sexist, toxic, dangerous, or illegal content. "
@@ -31,7 +33,7 @@ MTBENCH_SYSTEM_PROMPT = (
 )
 
 
-class PromptSetError(ValueError):
+class PromptSetError(DataError, ValueError):
     """A prompt set's rows are not in the layout it needs, or it yields no conversation."""
 
 

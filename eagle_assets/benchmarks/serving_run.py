@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from eagle_assets.benchmarks.acceptance import AcceptanceTally
 from eagle_assets.benchmarks.formatting import Render, prompt_ids
 from eagle_assets.benchmarks.prompt_sets import Conversation
+from eagle_assets.errors import EngineError
 
 
 class AnswersEngine(Protocol):
@@ -85,7 +86,7 @@ class Journal:
         return [RequestRecord(**json.loads(line)) for line in self.path.read_text().splitlines() if line.strip()]
 
 
-class PassInterrupted(Exception):
+class PassInterrupted(EngineError):
     """A pass stopped before every request was answered; ``partial`` holds what was."""
 
     def __init__(self, cause: BaseException, partial: SetPass) -> None:

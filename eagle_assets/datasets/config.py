@@ -22,6 +22,7 @@ from eagle_assets.datasets.regeneration import DEFAULT_MODE, MODES
 from eagle_assets.datasets.samples import BUILDERS, write_samples
 from eagle_assets.datasets.sampling import ORDERS, RowOrder, shard_count
 from eagle_assets.datasets.sources import ResolvedSource, SourceSpec, cached_row_count, resolve_source
+from eagle_assets.errors import ConfigError
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "datasets.yaml"
 NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,31}$")
@@ -47,7 +48,7 @@ TOP_LEVEL_KEYS = frozenset({"defaults", "datasets"})
 log = logging.getLogger(__name__)
 
 
-class DatasetConfigError(ValueError):
+class DatasetConfigError(ConfigError, ValueError):
     """The dataset configuration is invalid; the message names the file and the entry."""
 
 

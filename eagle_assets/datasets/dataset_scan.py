@@ -25,13 +25,14 @@ from pathlib import Path
 from eagle_assets.datasets.formats import RowError, RowFormat
 from eagle_assets.datasets.prompts import RowProblem, conversation_of
 from eagle_assets.datasets.sources import ResolvedSource
+from eagle_assets.errors import DataError
 
 MAX_EXAMPLES = 20
 SCAN_VERSION = 1
 PROGRESS_EVERY_S = 10.0
 
 
-class DatasetQualityError(ValueError):
+class DatasetQualityError(DataError, ValueError):
     """Too many unusable rows (or none usable): the dataset fails before anything is spent."""
 
 

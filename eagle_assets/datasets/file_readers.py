@@ -19,6 +19,8 @@ from typing import IO, Any
 
 import orjson
 
+from eagle_assets.errors import DataError
+
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".json.gz", ".json.zst", ".ndjson")
 PARQUET_SUFFIXES = (".parquet",)
 SUPPORTED_SUFFIXES = JSONL_SUFFIXES + PARQUET_SUFFIXES
@@ -28,7 +30,7 @@ UTF8_BOM = b"\xef\xbb\xbf"
 LOOSE_JSONL_SUFFIXES = (".json",)
 
 
-class PromptFileError(ValueError):
+class PromptFileError(DataError, ValueError):
     """The prompt file (or folder) is missing or unreadable as a whole."""
 
 

@@ -19,6 +19,8 @@ from typing import Any
 
 import orjson
 
+from eagle_assets.errors import DataError
+
 VALID_ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
 FORMATS = ("openai", "sharegpt", "conversations", "ultrachat", "alpaca", "prompt")
 FIELDS: dict[str, tuple[str, ...]] = {
@@ -50,7 +52,7 @@ SHAREGPT_ROLES = {
 }
 
 
-class RowError(ValueError):
+class RowError(DataError, ValueError):
     """One row cannot be used; ``reason`` is the short class it is counted under."""
 
     def __init__(self, reason: str, message: str) -> None:
@@ -58,7 +60,7 @@ class RowError(ValueError):
         self.reason = reason
 
 
-class FormatError(ValueError):
+class FormatError(DataError, ValueError):
     """The dataset as a whole is in no format we know (or the one named does not fit its columns)."""
 
 

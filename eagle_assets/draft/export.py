@@ -65,6 +65,7 @@ from typing import Any
 import torch
 
 from eagle_assets.draft.model import Eagle3Config, Eagle3Draft
+from eagle_assets.errors import EagleForgeWarning
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 ENGINES = ("sglang", "vllm")
@@ -95,7 +96,7 @@ def hf_layer_ids(ids: list[int], engine: str) -> tuple[int, ...]:
     raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
 
 
-class EngineEmbeddingWarning(UserWarning):
+class EngineEmbeddingWarning(EagleForgeWarning):
     """SGLang and vLLM would serve this export with different embeddings: two different drafts."""
 
 

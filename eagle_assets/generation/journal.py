@@ -20,10 +20,12 @@ from typing import Any, Protocol
 
 import orjson
 
+from eagle_assets.errors import GenerationError
+
 log = logging.getLogger(__name__)
 
 
-class JournalError(RuntimeError):
+class JournalError(GenerationError, RuntimeError):
     """The journal cannot be used safely (corruption before the tail, or a second writer)."""
 
 

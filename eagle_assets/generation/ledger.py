@@ -45,6 +45,7 @@ from pathlib import Path
 
 import psutil
 
+from eagle_assets.errors import LeaseLost
 from eagle_assets.generation.admission import (
     AdmissionPolicy,
     LengthModel,
@@ -234,7 +235,7 @@ class _Open:
     groups: dict[str, OpenGroup] = field(default_factory=dict)
 
 
-class LedgerLeaseLost(RuntimeError):
+class LedgerLeaseLost(LeaseLost, RuntimeError):
     """This process's owner lease lapsed and another process charged what it had open: it must stop."""
 
 

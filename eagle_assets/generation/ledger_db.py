@@ -23,12 +23,14 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
+from eagle_assets.errors import ConfigError
+
 POSTGRES_SCHEMES = ("postgresql", "postgres")
 # Any 64-bit number will do; it only has to be the same in every process that opens the ledger.
 LEDGER_LOCK_KEY = 0x6561676C65  # "eagle"
 
 
-class DatabaseConfigError(ValueError):
+class DatabaseConfigError(ConfigError, ValueError):
     """The database setting names nothing this ledger can open."""
 
 

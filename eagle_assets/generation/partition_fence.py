@@ -19,6 +19,7 @@ between its check and its write. No file system offers more without its own fenc
 import time
 from typing import TYPE_CHECKING
 
+from eagle_assets.errors import LeaseLost
 from eagle_assets.generation.journal import JournalError, JournalLockedError
 from eagle_assets.generation.liveness import why_dead
 
@@ -36,7 +37,7 @@ class PartitionBusyError(JournalLockedError):
     """A live run elsewhere holds this partition's lease."""
 
 
-class FenceLostError(JournalError):
+class FenceLostError(JournalError, LeaseLost):
     """This run no longer holds its partition's lease: it must not append."""
 
 

@@ -17,12 +17,13 @@ from eagle_assets.datasets.formats import RowFormat, detect_format
 from eagle_assets.datasets.prompts import Prompt
 from eagle_assets.datasets.shard_reader import ShardContents, read_shard
 from eagle_assets.datasets.sources import ResolvedSource
+from eagle_assets.errors import DataError
 from eagle_assets.generation.turn_chains import TurnChains
 
 MAX_EXAMPLES_IN_ERROR = 5
 
 
-class EmptyPartitionError(ValueError):
+class EmptyPartitionError(DataError, ValueError):
     """The shard holds no prompt that can be asked, though the source has rows."""
 
 

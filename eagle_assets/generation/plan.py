@@ -43,6 +43,7 @@ from dataclasses import asdict, dataclass, field, replace
 from itertools import accumulate
 from typing import Any
 
+from eagle_assets.errors import GenerationError
 from eagle_assets.generation.admission import AdmissionPolicy, Moments, bernstein_deviation
 
 OVERRUN_CHOICES = ("wait", "scale_down", "proceed")
@@ -51,7 +52,7 @@ Z95 = 1.96
 PLAN_VERSION = 1
 
 
-class PlanInputError(ValueError):
+class PlanInputError(GenerationError, ValueError):
     """An input the plan cannot be made from: the message names it."""
 
 
@@ -536,7 +537,7 @@ def _largest_fitting(cost: Callable[[float], float], lo: float, hi: float, money
 
 
 # --- what generation does with it -----------------------------------------------------------------
-class PlanRefusal(RuntimeError):
+class PlanRefusal(GenerationError, RuntimeError):
     """Generation must not start under the recorded plan (it does not fit and says wait, or it is stale)."""
 
 

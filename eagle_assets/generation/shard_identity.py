@@ -12,9 +12,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from eagle_assets.durable_files import atomic_write_bytes
+from eagle_assets.errors import DataError
 
 
-class ShardMovedError(RuntimeError):
+class ShardMovedError(DataError, RuntimeError):
     """The source's rows or the order settings changed since this partition's journal was started."""
 
 

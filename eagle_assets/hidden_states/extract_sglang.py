@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from eagle_assets.errors import ConfigError, TargetError
 from eagle_assets.hidden_states.layers import AuxLayers, resolve_aux_layers
 from eagle_assets.hidden_states.pipeline import BatchFn, ExtractReport, Progress, ShardsInput, run_extraction
 from eagle_assets.hidden_states.store import FEATURES, HiddenStateSample, StoreMeta
@@ -44,11 +45,11 @@ SGLANG_INSTALL = 'pip install "sglang[all]"  (on the GPU host; eagle-forge does 
 ROLES = ("aux", "last")
 
 
-class SGLangUnavailableError(ImportError):
+class SGLangUnavailableError(ConfigError, ImportError):
     """SGLang is needed for this backend and is not installed here."""
 
 
-class SGLangResponseError(RuntimeError):
+class SGLangResponseError(TargetError, RuntimeError):
     """An SGLang answer does not have the shape this backend relies on."""
 
 

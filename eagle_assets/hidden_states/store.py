@@ -55,6 +55,7 @@ import torch
 
 from eagle_assets.durable_files import atomic_write_bytes as durable_atomic_write_bytes
 from eagle_assets.durable_files import directory_lock, fsync_dir
+from eagle_assets.errors import TargetError
 from eagle_assets.hidden_states.layers import AuxLayers
 
 FORMAT = "eagle-forge-hidden-states"
@@ -76,7 +77,7 @@ _ST_DTYPES: dict[torch.dtype, str] = {
 _DTYPE_NAMES: dict[str, torch.dtype] = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
-class StoreError(RuntimeError):
+class StoreError(TargetError, RuntimeError):
     """The store on disk cannot be used as asked."""
 
 

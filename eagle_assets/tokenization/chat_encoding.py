@@ -29,6 +29,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, get_args
 
+from eagle_assets.errors import TargetError
 from eagle_assets.tokenization.chat_template import Message, normalize_messages, render_normalized
 from eagle_assets.tokenization.kimi_tokenizer import KimiTokenizer
 from eagle_assets.tokenization.segments import (
@@ -67,7 +68,7 @@ _STRUCTURAL_KEYS = frozenset({"role", "type"})
 _MARKER_PAIRS = tuple((chr(0xFDD0 + 2 * i), chr(0xFDD1 + 2 * i)) for i in range(16))
 
 
-class ChatEncodingError(ValueError):
+class ChatEncodingError(TargetError, ValueError):
     """The template changed data text, so data specials could not be told apart from template specials."""
 
 

@@ -16,6 +16,8 @@ import os
 import re
 from pathlib import Path
 
+from eagle_assets.errors import TargetError
+
 BUNDLED_DIR = Path(__file__).resolve().with_name("kimi_k25")
 ENV_VAR = "EAGLE_FORGE_TOKENIZER"
 UPSTREAM_REPO = "moonshotai/Kimi-K2.5"
@@ -25,11 +27,11 @@ CHECKSUMS_FILE = "SHA256SUMS"
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
-class TokenizerFilesError(FileNotFoundError):
+class TokenizerFilesError(TargetError, FileNotFoundError):
     """The tokenizer source lacks a file, or names nothing that exists."""
 
 
-class TokenizerIntegrityError(RuntimeError):
+class TokenizerIntegrityError(TargetError, RuntimeError):
     """A tokenizer file does not match the digest recorded beside it."""
 
 

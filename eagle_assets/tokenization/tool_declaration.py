@@ -44,6 +44,8 @@ from typing import Any
 
 import orjson
 
+from eagle_assets.errors import TargetError
+
 INDENT = "  "
 _FIELD_SEP = ",\n"
 _UNION_NAMES = {
@@ -65,7 +67,7 @@ _SELF_REF = "#"
 _DEFS_PREFIX = "#/$defs/"
 
 
-class ToolDeclarationError(ValueError):
+class ToolDeclarationError(TargetError, ValueError):
     """A schema the upstream encoder cannot convert; the template then declares the tools as JSON."""
 
 

@@ -27,6 +27,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from eagle_assets.errors import OpenRouterError
 from resources.openrouter.outcomes import RawResponse, generation_id_from_prefix
 from resources.openrouter.secret import ApiKey
 from resources.openrouter.sse import assemble_sse
@@ -42,7 +43,7 @@ _TRANSPORT_ERRORS = (
 )
 
 
-class OpenRouterHTTPError(RuntimeError):
+class OpenRouterHTTPError(OpenRouterError, RuntimeError):
     """An account/metadata call (not a completion) failed; carries status and a short message."""
 
     def __init__(self, what: str, status: int | None, message: str) -> None:

@@ -8,12 +8,13 @@ import.
 
 import os
 
+from eagle_assets.errors import ConfigError
 from resources.openrouter.resource import OpenRouterResource
 
 DEFAULT_SIMULATOR_PORT = 18765
 
 
-class TargetConfigError(ValueError):
+class TargetConfigError(ConfigError, ValueError):
     """EAGLE_FORGE_TARGET names no known target."""
 
 

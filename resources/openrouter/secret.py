@@ -5,8 +5,10 @@ import stat
 import warnings
 from pathlib import Path
 
+from eagle_assets.errors import ConfigError
 
-class MissingApiKeyError(RuntimeError):
+
+class MissingApiKeyError(ConfigError, RuntimeError):
     """No key in the configured file nor in the environment variable."""
 
 

@@ -22,10 +22,12 @@ import sys
 from dataclasses import dataclass, field
 from typing import Literal
 
+from eagle_assets.errors import ConfigError
+
 Engine = Literal["sglang", "vllm"]
 
 
-class SettingsError(ValueError):
+class SettingsError(ConfigError, ValueError):
     """Speculative settings an engine (or the in-process loop) cannot run as asked."""
 
 

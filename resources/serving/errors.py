@@ -1,7 +1,9 @@
 """What can go wrong between the benchmark and a serving engine, each with a message that says what to do."""
 
+from eagle_assets.errors import EngineError
 
-class ServingError(RuntimeError):
+
+class ServingError(EngineError, RuntimeError):
     """Base of the serving-engine failures."""
 
 

@@ -14,12 +14,14 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from eagle_assets.errors import EngineError
+
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _VALUES = {"+Inf": math.inf, "-Inf": -math.inf, "NaN": math.nan}
 
 
-class MetricsFormatError(ValueError):
+class MetricsFormatError(EngineError, ValueError):
     """The text is not in the Prometheus exposition format; the message quotes the line."""
 
 

@@ -25,6 +25,7 @@ import psutil
 
 from eagle_assets import settings
 from eagle_assets.durable_files import atomic_write_bytes, directory_lock
+from eagle_assets.errors import OpenRouterError
 
 DEMO_FLAGS = [
     "--latency-lognormal",
@@ -69,7 +70,7 @@ def generator_flags() -> list[str]:
     raise ValueError(f"EAGLE_FORGE_SIM_GENERATOR must be one of {', '.join(GENERATORS)}, not {choice!r}")
 
 
-class EmbeddedSimulatorError(RuntimeError):
+class EmbeddedSimulatorError(OpenRouterError, RuntimeError):
     """The spawned simulator exited or never answered; the message carries its last log lines."""
 
 

@@ -21,6 +21,7 @@ from typing import Any, Protocol, TypeVar
 
 import orjson
 
+from eagle_assets.errors import OpenRouterError
 from eagle_assets.tokenization.chat_encoding import DataSpecials, configured_data_specials
 from eagle_assets.tokenization.kimi_tokenizer import KimiTokenizer
 from eagle_assets.tokenization.reconstruction import prompt_token_ids
@@ -77,7 +78,7 @@ class ResponseGenerator(Protocol):
 # the pipeline's reconstruction rebuilds: the two differ by 0.
 
 
-class PromptRenderError(ValueError):
+class PromptRenderError(OpenRouterError, ValueError):
     """The request's messages/tools cannot be rendered by the chat template (the server answers 400)."""
 
 

@@ -18,13 +18,14 @@ from typing import Any
 
 import orjson
 
+from eagle_assets.errors import OpenRouterError
 from resources.simulator.config import ProviderEndpoint, SimulatorConfig
 from resources.simulator.faults import FaultConfig, FaultPicker, TokenBucket
 
 STATE_VERSION = 1
 
 
-class StateFileError(RuntimeError):
+class StateFileError(OpenRouterError, RuntimeError):
     """The state file exists but cannot be read: refuse to start rather than reset the balance."""
 
 

@@ -1,0 +1,123 @@
+"""The project's one error tree: every error eagle-forge raises on purpose derives from ``EagleForgeError``.
+
+Why one tree: a caller (an asset, the demo, a test) can tell "the project refused, and the message says
+what to do" from "something broke" with one ``except``, and the one place that turns project errors into
+Dagster failures (``eagle_assets.assets.failures``) decides by class, not by a list of names. Each
+concrete class keeps the standard-library base it had before the tree existed as a second base
+(``class DatasetConfigError(ConfigError, ValueError)``), so every ``except ValueError`` written before
+still catches what it caught.
+
+``Resumable`` marks the stops after which the work done is kept and a rerun continues where it stopped
+(a lost lease); the failure mapping lets those through untouched, as they always went. Everything
+else is final for this run: the mapping turns it into ``dagster.Failure(allow_retries=False)``.
+
+This module is a leaf: it imports nothing from the project, so ``resources/`` may import it as well.
+
+The hierarchy (``*`` marks classes defined in the modules named, not here)::
+
+    EagleForgeError
+    ├── ConfigError                     a setting, file or variable names nothing usable
+    │   ├── DatasetConfigError *        eagle_assets/datasets/config.py
+    │   ├── DatabaseConfigError *       eagle_assets/generation/ledger_db.py
+    │   ├── MissingApiKeyError *        resources/openrouter/secret.py
+    │   ├── TargetConfigError *         resources/openrouter/configured.py
+    │   ├── SettingsError *             resources/serving/commands.py
+    │   └── SGLangUnavailableError *    eagle_assets/hidden_states/extract_sglang.py
+    ├── DataError                       the input data cannot be used as it is
+    │   ├── PromptFileError *           eagle_assets/datasets/file_readers.py
+    │   │   └── HubSourceError *        eagle_assets/datasets/hub_source.py
+    │   ├── DatasetQualityError *       eagle_assets/datasets/dataset_scan.py
+    │   ├── FormatError *               eagle_assets/datasets/formats.py
+    │   ├── RowError *                  eagle_assets/datasets/formats.py
+    │   ├── EmptyPartitionError *       eagle_assets/generation/partition_inputs.py
+    │   ├── ShardMovedError *           eagle_assets/generation/shard_identity.py
+    │   └── PromptSetError *            eagle_assets/benchmarks/prompt_sets.py
+    ├── GenerationError                 the journal, the budget ledger or the plan refuse to go on
+    │   ├── JournalError *              eagle_assets/generation/journal.py
+    │   │   ├── JournalLockedError *    eagle_assets/generation/journal.py
+    │   │   │   └── PartitionBusyError *  eagle_assets/generation/partition_fence.py
+    │   │   └── FenceLostError *        eagle_assets/generation/partition_fence.py (also a LeaseLost)
+    │   ├── LeaseLost                   this run's lease was lost: stop now, rerun to continue
+    │   │   ├── LedgerLeaseLost *       eagle_assets/generation/ledger.py
+    │   │   └── FenceLostError *        (see above)
+    │   ├── PlanInputError *            eagle_assets/generation/plan.py
+    │   └── PlanRefusal *               eagle_assets/generation/plan.py
+    ├── Resumable                       the work is kept and a rerun continues: not turned into a Failure
+    │   └── LeaseLost                   (see above)
+    ├── OpenRouterError                 the OpenRouter account, its providers, or the bundled simulator
+    │   ├── OpenRouterHTTPError *       resources/openrouter/client.py
+    │   ├── NoAllowedProviderError *    resources/openrouter/providers.py
+    │   ├── EmbeddedSimulatorError *    resources/simulator/embedded.py
+    │   ├── StateFileError *            resources/simulator/state.py
+    │   └── PromptRenderError *         resources/simulator/responses.py
+    ├── TargetError                     the target model's tokenizer, chat template or hidden states
+    │   ├── TokenizerFilesError *       eagle_assets/tokenization/tokenizer_source.py
+    │   ├── TokenizerIntegrityError *   eagle_assets/tokenization/tokenizer_source.py
+    │   ├── ChatEncodingError *         eagle_assets/tokenization/chat_encoding.py
+    │   ├── ToolDeclarationError *      eagle_assets/tokenization/tool_declaration.py
+    │   ├── SGLangResponseError *       eagle_assets/hidden_states/extract_sglang.py
+    │   └── StoreError *                eagle_assets/hidden_states/store.py
+    │       ├── StoreMismatchError *    eagle_assets/hidden_states/store.py
+    │       └── InsufficientDiskError * eagle_assets/hidden_states/store.py
+    └── EngineError                     a serving engine (SGLang, vLLM) or what the benchmark read from it
+        ├── ServingError *              resources/serving/errors.py
+        │   ├── ServerStartError *      resources/serving/errors.py
+        │   ├── ServerDiedError *       resources/serving/errors.py
+        │   ├── EngineResponseError *   resources/serving/errors.py
+        │   ├── SpeculationMissing *    resources/serving/errors.py
+        │   └── ServingBenchmarkFailed *  eagle_assets/benchmarks/serving_benchmark.py
+        ├── MetricsFormatError *        resources/serving/prometheus.py
+        ├── AcceptanceError *           eagle_assets/benchmarks/acceptance.py
+        └── PassInterrupted *           eagle_assets/benchmarks/serving_run.py
+
+    EagleForgeWarning (UserWarning)
+    └── EngineEmbeddingWarning *        eagle_assets/draft/export.py
+
+Outside the tree, on purpose: ``resources.simulator.wire.BadRequest``, the simulator's way of answering
+a request with 400 inside its own handler; it never leaves the server.
+"""
+
+
+class EagleForgeError(Exception):
+    """Raised on purpose by eagle-forge, with a message that names the cause and what to do about it."""
+
+
+class ConfigError(EagleForgeError):
+    """A setting, a configuration file or an environment variable names something that cannot be used:
+    nothing was spent, and rerunning without fixing the setting fails the same way."""
+
+
+class DataError(EagleForgeError):
+    """The input data (prompt files, Hub datasets, shards, prompt sets) cannot be used as it is."""
+
+
+class GenerationError(EagleForgeError):
+    """The journal, the budget ledger or the generation plan refuse to let this run go on."""
+
+
+class Resumable(EagleForgeError):
+    """The run stopped, but what it did is kept and rerunning continues where it stopped.
+
+    The failure mapping lets these through as they are, so the run fails with their own class and
+    Dagster may retry it; every other project error is final for the run."""
+
+
+class LeaseLost(GenerationError, Resumable):
+    """This run's lease (its ledger owner, or its partition's fence) was lost: it must stop writing now,
+    and a rerun takes the lease again and continues from the journal."""
+
+
+class OpenRouterError(EagleForgeError):
+    """The OpenRouter account, its providers under the configured policy, or the bundled simulator."""
+
+
+class TargetError(EagleForgeError):
+    """The target model's side: its tokenizer files, its chat template, its hidden states and their store."""
+
+
+class EngineError(EagleForgeError):
+    """A serving engine (SGLang, vLLM), or the numbers the benchmark read from one."""
+
+
+class EagleForgeWarning(UserWarning):
+    """Base of the project's warnings: a result is usable, but something about it needs a person's eye."""
