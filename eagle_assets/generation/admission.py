@@ -69,14 +69,16 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-MODES = ("statistical", "hard")
+from eagle_assets.budget_mode import BUDGET_MODES, BudgetMode
+
+MODES = BUDGET_MODES
 
 
 @dataclass(frozen=True)
 class AdmissionPolicy:
     """How admission trades concurrency against the chance of passing a budget."""
 
-    mode: str = "statistical"  # statistical | hard (every request held at its worst case)
+    mode: BudgetMode = "statistical"  # hard: every request held at its worst case
     overspend_probability: float = 1e-6  # per run, for the dollar budget
     max_admissions: int = 1_000_000  # admissions per run the guarantee covers (union bound)
     min_samples: int = 200  # completed answers of a dataset before its statistics are used

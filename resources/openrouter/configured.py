@@ -8,6 +8,7 @@ import.
 
 import os
 
+from eagle_assets.budget_mode import parse_budget_mode
 from eagle_assets.errors import ConfigError
 from resources.openrouter.resource import OpenRouterResource
 
@@ -30,7 +31,7 @@ def simulator_base_url() -> str:
 def openrouter_from_env() -> OpenRouterResource:
     target = os.environ.get("EAGLE_FORGE_TARGET", "simulator").strip().lower()
     budget = float(os.environ.get("EAGLE_FORGE_BUDGET_USD", "100"))
-    budget_mode = os.environ.get("EAGLE_FORGE_BUDGET_MODE", "statistical").strip().lower()  # or "hard"
+    budget_mode = parse_budget_mode(os.environ.get("EAGLE_FORGE_BUDGET_MODE", "statistical"))  # or "hard"
     key_file = os.environ.get("EAGLE_FORGE_KEY_FILE")
     if target == "simulator":
         # A real key in /tmp/or-key.txt has no business going to the simulator: only an explicit file is read.

@@ -17,6 +17,7 @@ from dagster import ConfigurableResource
 from pydantic import Field
 
 from eagle_assets import settings as forge_settings
+from eagle_assets.budget_mode import BudgetMode
 from eagle_assets.generation.account_snapshot import AccountSnapshot, take_snapshot
 from eagle_assets.generation.admission import AdmissionPolicy
 from eagle_assets.generation.estimate import tokenizer_estimator
@@ -84,7 +85,7 @@ class OpenRouterResource(ConfigurableResource):
     max_in_flight: int = Field(2000, description="Upper bound of concurrent requests (AIMD adapts below it)")
     min_in_flight: int = 4
     budget_usd: float = Field(100.0, description="Dollar budget across all runs (persisted ledger)")
-    budget_mode: str = Field(
+    budget_mode: BudgetMode = Field(
         "statistical",
         description="statistical: the requests in flight hold n·μ + z·σ·√n of the budget from the measured answer"
         " lengths (passed with probability below overspend_probability per run); hard: each holds its worst case"
