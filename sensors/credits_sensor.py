@@ -9,6 +9,7 @@ keeps moving between runs (a top-up shows as a step up).
 import dagster as dg
 
 from eagle_assets.assets.account import account_observation
+from eagle_assets.generation.partition_runs import account_snapshot
 from resources.openrouter.resource import OpenRouterResource
 from sensors.topup import CreditsCursor, decide
 
@@ -42,7 +43,7 @@ def build_credits_sensor(
         "failed or missing generation partition.",
     )
     def credits_topup_backfill(context: dg.SensorEvaluationContext, openrouter: OpenRouterResource):
-        snapshot = openrouter.account_snapshot("sensor credits_topup_backfill")
+        snapshot = account_snapshot(openrouter, "sensor credits_topup_backfill")
         observed = [account_observation(snapshot)]
         pending = {a.key: pending_partitions(context.instance, a) for a in generation_assets}
         count = sum(len(v) for v in pending.values())

@@ -13,6 +13,7 @@ import warnings
 import dagster as dg
 
 from eagle_assets.generation.account_snapshot import AccountSnapshot
+from eagle_assets.generation.partition_runs import account_snapshot
 from resources.openrouter.resource import OpenRouterResource
 
 ACCOUNT_KEY = dg.AssetKey(["openrouter_account"])
@@ -53,7 +54,7 @@ def _account_asset() -> dg.SourceAsset:
             " credits_topup_backfill sensor; the metadata's Plots view shows spend over time.",
         )
         def openrouter_account(openrouter: OpenRouterResource) -> dg.ObserveResult:
-            snap = openrouter.account_snapshot("observe openrouter_account")
+            snap = account_snapshot(openrouter, "observe openrouter_account")
             return dg.ObserveResult(metadata=account_metadata(snap))
 
     return openrouter_account

@@ -18,6 +18,7 @@ from eagle_assets.datasets.config import DatasetSpec
 from eagle_assets.durable_files import atomic_write_bytes
 from eagle_assets.generation.partition_inputs import partition_inputs
 from eagle_assets.generation.partition_output import write_partition_parquet
+from eagle_assets.generation.partition_runs import native_completion_counts, run_partition
 from eagle_assets.generation.plan import PlanRefusal, plan_gate
 from eagle_assets.generation.plan_file import read_plan
 from eagle_assets.generation.runner import PartitionJob, PartitionReport
@@ -87,7 +88,7 @@ def fetch_native_counts(parquet: Path, dataset: str, shard: str, openrouter: Ope
     room = max(0, openrouter.native_count_sample - len(have))
     picked = dict(sorted(wanted.items())[:room])
     if picked:
-        have.update(openrouter.native_completion_counts(picked))
+        have.update(native_completion_counts(openrouter, picked))
         atomic_write_bytes(native_counts_path(dataset, shard), (json.dumps(have, sort_keys=True) + "\n").encode())
     return len(have)
 
@@ -167,8 +168,8 @@ def run_generation(
         raise dg.Failure(description=str(exc), allow_retries=False) from None
     context.log.info(gate.note)
     job = PartitionJob(spec.name, shard, inputs.prompts, gate.token_target, journal, chains=inputs.chains)
-    report = openrouter.run_partition(
-        job, context.log, observe=lambda snap: context.log_event(account_observation(snap))
+    report = run_partition(
+        openrouter, job, context.log, observe=lambda snap: context.log_event(account_observation(snap))
     )
     context.log.info(report.summary())
     allowed = record_allowed_providers(spec.name, shard, report.allowed_providers)

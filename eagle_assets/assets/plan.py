@@ -30,8 +30,14 @@ from eagle_assets.assets.account import account_observation
 from eagle_assets.assets.generation import GENERATION_GROUP, GENERATION_POOL, PLAN_KEY, partition_paths
 from eagle_assets.datasets.config import DatasetSpec
 from eagle_assets.generation.account_snapshot import AccountSnapshot
-from eagle_assets.generation.estimate import tokenizer_estimator
-from eagle_assets.generation.ledger import BudgetLedger
+from eagle_assets.generation.partition_runs import (
+    account_snapshot,
+    generation_settings,
+    open_ledger,
+    preflight,
+    prompt_estimator,
+    run_partitions,
+)
 from eagle_assets.generation.plan import (
     OVERRUN_CHOICES,
     PROPOSAL_RULES,
@@ -51,7 +57,6 @@ from eagle_assets.generation.plan_inputs import JournalFacts, latency_estimate
 from eagle_assets.generation.plan_queue import DatasetQueue, dataset_queue
 from eagle_assets.generation.plan_report import plan_markdown
 from eagle_assets.generation.runner import PartitionJob, format_duration
-from eagle_assets.tokenization.kimi_tokenizer import load_kimi_tokenizer
 from resources.openrouter.resource import OpenRouterResource
 
 
@@ -76,7 +81,7 @@ class GenerationPlanConfig(dg.Config):
 
 def enough_answers(config: GenerationPlanConfig, openrouter: OpenRouterResource) -> int:
     """A dataset's own answers are enough from admission's ``min_samples``, or the pilot's size if smaller."""
-    min_samples = openrouter.generation_settings().admission.min_samples
+    min_samples = generation_settings(openrouter).admission.min_samples
     return min(min_samples, config.pilot_prompts) if config.pilot_prompts else min_samples
 
 
@@ -104,11 +109,8 @@ def run_pilots(
     """Buy ``pilot_prompts`` answers for every dataset whose own answers are too few; returns how many each got."""
     if config.pilot_prompts == 0:
         return {}
-    ledger = BudgetLedger(openrouter.ledger_location())
-    try:
+    with open_ledger(openrouter) as ledger:
         have = ledger.dataset_lengths()
-    finally:
-        ledger.close()
     enough = enough_answers(config, openrouter)
     jobs, wanted = [], {}
     for spec in specs:
@@ -123,7 +125,7 @@ def run_pilots(
         return {}
     log.info(f"pilot: {sum(wanted.values()):,} requests across {len(wanted)} datasets, kept as data")
     got: dict[str, int] = dict.fromkeys(wanted, 0)
-    for report in openrouter.run_partitions(jobs, log):
+    for report in run_partitions(openrouter, jobs, log):
         log.info(f"pilot {report.summary()}")
         if report.stop_reason == "fatal":
             raise dg.Failure(description=f"the pilot stopped: {report.stop_detail}", allow_retries=False)
@@ -147,20 +149,16 @@ def build_plan(
             f" got {config.on_overrun!r}, {config.proposal!r}",
             allow_retries=False,
         )
-    gen = openrouter.generation_settings()
-    openrouter.preflight()
+    gen = preflight(openrouter)
     pilots = run_pilots(specs, config, openrouter, log)
     queues = {spec.name: queue_of(spec) for spec in specs}
     everyone = sum((q.facts for q in queues.values()), JournalFacts())
     with_tools = any(_has_tools(q) for q in queues.values())
     prices = price_model(_allowed_prices(openrouter, log, with_tools), everyone.providers)
-    estimate = tokenizer_estimator(load_kimi_tokenizer(openrouter.tokenizer_path or settings.tokenizer_dir()))
-    ledger = BudgetLedger(openrouter.ledger_location(), policy=gen.admission)
-    try:
+    estimate = prompt_estimator(openrouter)
+    with open_ledger(openrouter, gen.admission) as ledger:
         lengths = ledger.dataset_lengths()
         per_dataset = {spec.name: ledger.totals(spec.name) for spec in specs}
-    finally:
-        ledger.close()
     prior = LengthStats.prior(
         min(config.prior_mean_tokens, float(gen.max_tokens)),
         config.prior_sd_tokens,
@@ -210,7 +208,7 @@ def build_plan(
             f"plan inputs {spec.name}: {queue.pending:,} of {queue.total_requests:,} requests pending"
             f" ({len(counted):,} prompts rendered), lengths from {stats.source}"
         )
-    snap = openrouter.account_snapshot("generation_plan")
+    snap = account_snapshot(openrouter, "generation_plan")
     if observe is not None:
         observe(snap)
     widest = max((i.lengths for i in inputs), key=lambda s: s.mean, default=prior)

@@ -1,14 +1,15 @@
-"""The OpenRouter resource: configuration, the key, the provider policy and the run of one partition.
+"""The OpenRouter resource: a client, as Dagster's resources are — configuration, the key, the provider
+policy and an HTTP client.
 
-It is deliberately thin: everything that decides (classification, backoff, budget, journal) is
-plain Python under ``eagle_assets.generation`` and ``resources.openrouter``. State that must be
-shared across step processes (dollars spent, in-flight reservations) lives in the ledger file,
+It runs nothing. What runs a partition, builds the engine's settings and the ledger, snapshots the
+account or looks generations up is generation logic (``eagle_assets.generation.partition_runs``),
+which takes this resource as an argument: imports go from ``eagle_assets.generation`` to
+``resources.openrouter`` and never back (``tests/packaging/test_import_direction.py``). State that
+must be shared across step processes (dollars spent, in-flight reservations) lives in the ledger,
 never in this object.
 """
 
-import asyncio
 import logging
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -18,14 +19,6 @@ from pydantic import Field
 
 from eagle_assets import settings as forge_settings
 from eagle_assets.budget_mode import BudgetMode
-from eagle_assets.generation.account_snapshot import AccountSnapshot, take_snapshot
-from eagle_assets.generation.admission import AdmissionPolicy
-from eagle_assets.generation.estimate import tokenizer_estimator
-from eagle_assets.generation.ledger import BudgetLedger
-from eagle_assets.generation.retry_policy import RetryPolicy
-from eagle_assets.generation.runner import GenerationSettings, PartitionJob, PartitionReport, PartitionRunner
-from eagle_assets.tokenization.kimi_tokenizer import load_kimi_tokenizer
-from resources.openrouter.account import read_account_cap
 from resources.openrouter.client import OpenRouterClient
 from resources.openrouter.providers import (
     DEFAULT_IGNORED,
@@ -48,7 +41,11 @@ def is_loopback(url: str) -> bool:
 
 
 class OpenRouterResource(ConfigurableResource):
-    """Talks to OpenRouter (or any OpenAI-compatible server) under a provider policy and a budget."""
+    """Talks to OpenRouter (or any OpenAI-compatible server) under a provider policy and a budget.
+
+    One place for everything a run is configured with, so that the launchpad shows it all; the budget's
+    fields are plain values here and become the engine's settings in ``partition_runs.generation_settings``.
+    """
 
     base_url: str = Field("https://openrouter.ai/api/v1", description="API root, e.g. a local simulator or SGLang")
     model: str = Field("moonshotai/kimi-k2.5", description="Model slug to request")
@@ -158,39 +155,17 @@ class OpenRouterResource(ConfigurableResource):
             tuple(self.trust_unknown_quantization),
         )
 
-    def generation_settings(self) -> GenerationSettings:
-        sampling: dict[str, Any] = {
+    def sampling(self) -> dict[str, Any]:
+        """The sampling fields every request sends: temperature and top_p where set, then ``extra_body``."""
+        fields: dict[str, Any] = {
             k: v for k, v in (("temperature", self.temperature), ("top_p", self.top_p)) if v is not None
         }
-        sampling.update(self.extra_body)
-        return GenerationSettings(
-            model=self.model,
-            max_tokens=self.max_tokens,
-            budget_usd=self.budget_usd,
-            sampling=sampling,
-            max_in_flight=self.max_in_flight,
-            min_in_flight=self.min_in_flight,
-            retry=RetryPolicy(
-                max_attempts=self.max_attempts,
-                max_congestion_waits=self.max_congestion_waits,
-                base_delay_s=self.retry_base_delay_s,
-                max_delay_s=self.retry_max_delay_s,
-            ),
-            key_poll_interval_s=self.key_poll_interval_s,
-            progress_interval_s=self.progress_interval_s,
-            account_observe_interval_s=self.account_observe_interval_s,
-            stream=self.stream,
-            stream_idle_timeout_s=self.stream_idle_timeout_s,
-            admission=AdmissionPolicy(
-                mode=self.budget_mode,
-                overspend_probability=self.overspend_probability,
-                token_overshoot=self.token_overshoot,
-            ),
-            tail_fraction=self.budget_tail_fraction,
-            breaker_threshold=self.breaker_threshold,
-            probe_window_s=self.breaker_probe_s,
-            reask_skipped=self.reask_skipped,
-        )
+        fields.update(self.extra_body)
+        return fields
+
+    def tokenizer_location(self) -> str | Path:
+        """The Kimi tokenizer for prompt-cost estimates: this resource's, else the environment's or the bundled one."""
+        return self.tokenizer_path or forge_settings.tokenizer_dir()
 
     def ledger_file(self) -> Path:
         return Path(self.ledger_path) if self.ledger_path else forge_settings.ledger_path()
@@ -209,7 +184,7 @@ class OpenRouterResource(ConfigurableResource):
 
     def requested_parameters(self, with_tools: bool) -> tuple[str, ...]:
         """The parameters every request sends, which require_parameters makes endpoints support."""
-        names = {"max_tokens", *(k for k in self.generation_settings().sampling if k not in _NOT_PARAMETERS)}
+        names = {"max_tokens", *(k for k in self.sampling() if k not in _NOT_PARAMETERS)}
         if with_tools:
             names.add("tools")
         return tuple(sorted(names))
@@ -231,88 +206,14 @@ class OpenRouterResource(ConfigurableResource):
         return table
 
     def preflight(self) -> None:
-        """Fail on configuration errors before anything can be spent."""
-        self.generation_settings()
+        """Fail on what this resource alone can tell before anything is spent: a key that cannot be read.
+
+        The engine's settings are checked where they are built: ``partition_runs.preflight`` checks both.
+        """
         self.api_key()
 
-    def available_usd(self) -> float:
-        """Dollars that could be spent now: the account cap in force (the key's limit, else the account's
-        credits where /credits answers), capped by the budget's headroom."""
-        return self.account_snapshot("available_usd").available_usd
-
-    def account_snapshot(self, observed_by: str) -> AccountSnapshot:
-        """The key's remaining credit (read now) and the ledger's spend, held dollars and tokens."""
-        self.ensure_server()
-
-        async def read_cap() -> tuple[float | None, str]:
-            async with self.client() as client:
-                cap, _ = await read_account_cap(client)
-                return cap.remaining_usd, cap.source
-
-        remaining, source = asyncio.run(read_cap())
-        ledger = BudgetLedger(self.ledger_location(), policy=self.generation_settings().admission)
-        try:
-            spent = ledger.totals().usd_spent
-            return take_snapshot(
-                ledger,
-                self.budget_usd,
-                remaining_at_poll=remaining,
-                spent_at_poll=spent,
-                cap_source=source,
-                observed_by=observed_by,
-            )
-        finally:
-            ledger.close()
-
-    def native_completion_counts(self, generation_ids: dict[str, str], attempts: int = 3) -> dict[str, int]:
-        """prompt id → ``native_tokens_completion`` from ``/generation`` (free calls; a 404 is retried briefly,
-        since OpenRouter needs a moment to index a finished generation, then skipped)."""
-        if not generation_ids:
-            return {}
-        self.ensure_server()
-
-        async def fetch_all() -> dict[str, int]:
-            out: dict[str, int] = {}
-            gate = asyncio.Semaphore(16)
-            async with self.client() as client:
-
-                async def one(prompt_id: str, gen_id: str) -> None:
-                    async with gate:
-                        for attempt in range(attempts):
-                            data = await client.generation(gen_id)
-                            if data is not None and data.get("native_tokens_completion") is not None:
-                                out[prompt_id] = int(data["native_tokens_completion"])
-                                return
-                            await asyncio.sleep(0.5 * (attempt + 1))
-
-                await asyncio.gather(*(one(p, g) for p, g in generation_ids.items()))
-            return out
-
-        return asyncio.run(fetch_all())
-
-    # --- one partition -----------------------------------------------------------------------
-    def run_partition(
-        self,
-        job: PartitionJob,
-        log: logging.Logger | Any,
-        observe: Callable[[AccountSnapshot], None] | None = None,
-    ) -> PartitionReport:
-        """``observe``: receives the account's money every ``account_observe_interval_s`` and at the end."""
-        self.preflight()
-        self.ensure_server()
-        return asyncio.run(self._run(job, log, observe))
-
-    def run_partitions(self, jobs: list[PartitionJob], log: logging.Logger | Any) -> list[PartitionReport]:
-        """Several partitions at once in one event loop (a plan's pilots: one wave for every dataset)."""
-        self.preflight()
-        self.ensure_server()
-
-        async def all_of() -> list[PartitionReport]:
-            return list(await asyncio.gather(*(self._run(job, log) for job in jobs)))
-
-        return asyncio.run(all_of()) if jobs else []
-
     def ensure_server(self) -> None:
+        """Start the bundled simulator at ``base_url`` if so configured and nothing answers there."""
         if not self.start_embedded_simulator:
             return
         if not is_loopback(self.base_url):
@@ -320,26 +221,3 @@ class OpenRouterResource(ConfigurableResource):
         from resources.simulator.embedded import ensure_embedded_simulator
 
         ensure_embedded_simulator(self.base_url)
-
-    async def _run(
-        self, job: PartitionJob, log: logging.Logger | Any, observe: Callable[[AccountSnapshot], None] | None = None
-    ) -> PartitionReport:
-        tokenizer = load_kimi_tokenizer(self.tokenizer_path or forge_settings.tokenizer_dir())
-        ledger = BudgetLedger(self.ledger_location())
-        log.info(f"budget ledger: {ledger.location}")
-        try:
-            async with self.client() as client:
-                table = await self.provider_table(client, log, any(p.tools for p in job.prompts))
-                runner = PartitionRunner(
-                    job,
-                    client,
-                    ledger,
-                    table,
-                    self.generation_settings(),
-                    tokenizer_estimator(tokenizer),
-                    emit=log.info,
-                    observe=observe,
-                )
-                return await runner.run()
-        finally:
-            ledger.close()

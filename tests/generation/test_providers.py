@@ -119,17 +119,18 @@ def test_response_names_compare_case_insensitively_in_the_runner_and_the_data_ch
 def test_sampling_parameters_only_when_configured_and_every_removal_is_named():
     """Moonshot's own endpoint listed without temperature/top_p (as its K2.6 one is): sent by default, those
     parameters would drop the reference endpoint; now they are sent only when configured, and a removal is named."""
+    from eagle_assets.generation.partition_runs import generation_settings
     from resources.openrouter.resource import OpenRouterResource
 
     listing = parse_endpoints(json.loads((FIXTURES / "account/endpoints_moonshot_no_sampling.json").read_text()))
     default = OpenRouterResource()
-    assert "temperature" not in default.generation_settings().sampling and "top_p" not in default.requested_parameters(
+    assert "temperature" not in generation_settings(default).sampling and "top_p" not in default.requested_parameters(
         False
     )
     table = ProviderTable(listing, default.policy(), default.requested_parameters(False))
     assert "moonshotai/int4" in {e.tag for e in table.allowed} and table.removed_by_require_parameters() == []
     hot = OpenRouterResource(temperature=1.0, top_p=0.95)
-    assert hot.generation_settings().sampling == {"temperature": 1.0, "top_p": 0.95}
+    assert generation_settings(hot).sampling == {"temperature": 1.0, "top_p": 0.95}
     table = ProviderTable(listing, hot.policy(), hot.requested_parameters(False))
     removed = {e.tag: missing for e, missing in table.removed_by_require_parameters()}
     assert removed == {"moonshotai/int4": ["temperature", "top_p"], "siliconflow/int4": ["top_p"]}

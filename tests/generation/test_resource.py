@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from eagle_assets.generation.partition_runs import generation_settings, preflight
 from eagle_assets.generation.retry_policy import RetryPolicy
 from resources.openrouter.account import account_cap
 from resources.openrouter.configured import TargetConfigError, openrouter_from_env
@@ -29,7 +30,7 @@ def test_settings_mapping():
         top_p=None,
         extra_body={"reasoning": {"effort": "high"}},
     )
-    s = res.generation_settings()
+    s = generation_settings(res)
     assert s.retry == RetryPolicy(max_attempts=7, max_congestion_waits=50, base_delay_s=0.25, max_delay_s=9.0)
     assert (s.max_tokens, s.budget_usd, s.max_in_flight) == (512, 12.5, 300)
     assert s.sampling == {"temperature": 0.6, "reasoning": {"effort": "high"}}
@@ -41,11 +42,11 @@ def test_settings_mapping():
     streaming = OpenRouterResource(
         stream=True, stream_idle_timeout_s=5, require_parameters=False, trust_unknown_quantization=["novita"]
     )
-    assert (streaming.generation_settings().stream, streaming.generation_settings().stream_idle_timeout_s) == (True, 5)
+    assert (generation_settings(streaming).stream, generation_settings(streaming).stream_idle_timeout_s) == (True, 5)
     assert streaming.policy().require_parameters is False
     assert streaming.policy().trust_unknown_quantization == ("novita",)
     with pytest.raises(ValueError, match="stream_idle_timeout_s"):
-        OpenRouterResource(stream_idle_timeout_s=0).preflight()
+        preflight(OpenRouterResource(stream_idle_timeout_s=0))
 
 
 KEY = json.loads((FIXTURES / "key_limited.json").read_text())["data"]
@@ -67,9 +68,9 @@ def test_account_cap_says_which_cap_is_in_force():
 
 def test_bad_settings_are_refused_before_spending():
     with pytest.raises(ValueError, match="budget_usd must be >= 0"):
-        OpenRouterResource(budget_usd=-1).preflight()
+        preflight(OpenRouterResource(budget_usd=-1))
     with pytest.raises(ValueError, match="max_tokens"):
-        OpenRouterResource(max_tokens=0).preflight()
+        preflight(OpenRouterResource(max_tokens=0))
 
 
 def test_keys_loopback_placeholder_and_missing(tmp_path, monkeypatch):
