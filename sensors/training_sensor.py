@@ -4,7 +4,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import dagster as dg
-from dagster._core.events import DagsterEventType
 
 from eagle_assets.assets.draft import BENCHMARK_KEY, DRAFT_KEY, train_partitions
 from eagle_assets.assets.hidden_state_checks import fidelity_failures
@@ -31,7 +30,7 @@ def build_training_sensor(
         instance = context.instance
         needed = train_partitions(instance)
         latest = instance.get_latest_storage_id_by_partition(
-            HIDDEN_STATES_KEY, DagsterEventType.ASSET_MATERIALIZATION, set(needed)
+            HIDDEN_STATES_KEY, dg.DagsterEventType.ASSET_MATERIALIZATION, set(needed)
         )
         drafts = instance.fetch_materializations(DRAFT_KEY, limit=1).records
         unchecked = fidelity_failures(instance, [k for k in needed if k in latest])
