@@ -25,7 +25,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from eagle_assets.datasets.prompts import Prompt
 from eagle_assets.generation.account_snapshot import AccountSnapshot, take_snapshot
@@ -46,6 +46,9 @@ log = logging.getLogger(__name__)
 
 
 class ChatClient(Protocol):
+    """What the runner asks of a client (``OpenRouterClient`` is one): requests, the account's money, and
+    ``generation`` — what an attempt cost, by its id, which settles the attempts whose bill is unknown."""
+
     async def chat_completion(
         self,
         payload: dict[str, Any],
@@ -55,6 +58,13 @@ class ChatClient(Protocol):
     ) -> RawResponse: ...
     async def key_info(self) -> dict[str, Any]: ...
     async def credits(self) -> dict[str, Any]: ...
+    async def generation(self, generation_id: str) -> dict[str, Any] | None: ...
+
+
+# Why a run stopped admitting: ``completed`` (every prompt asked), the dollar ``budget``, the key's ``credits``,
+# the dataset's output ``tokens``, a ``fatal`` error, prompts that exhausted their retries (``failures``), or a
+# partition whose answered prompts were all skipped (``no_success``).
+StopReason = Literal["completed", "budget", "credits", "tokens", "fatal", "failures", "no_success"]
 
 
 @dataclass(frozen=True)
@@ -143,7 +153,7 @@ class PartitionReport:
     skipped: int = 0
     failed: int = 0  # retries exhausted this run
     not_started: int = 0
-    stop_reason: str = "completed"  # completed | budget | credits | tokens | fatal | failures | no_success
+    stop_reason: StopReason = "completed"
     stop_detail: str = ""
     spent_usd: float = 0.0  # this run, all kinds
     discarded_usd: float = 0.0
@@ -186,6 +196,18 @@ class PartitionReport:
 
 PromptTokenEstimator = Callable[[Prompt], int]
 CONGESTION = frozenset({"rate_limited", "in_flight_budget", "no_provider"})
+
+
+@dataclass
+class _PromptTries:
+    """One prompt's way through its attempts: the reservation it is asked on now, and what it has used of its
+    two allowances (``max_attempts`` failures, ``max_congestion_waits`` waits)."""
+
+    prompt: Prompt
+    res: Reservation
+    attempts: int = 0
+    failures: int = 0
+    congestion_waits: int = 0
 
 
 class PartitionRunner:
@@ -232,7 +254,7 @@ class PartitionRunner:
         self._credits_allowed = True
         self._spent_at_poll = 0.0
         self._tasks: set[asyncio.Task[None]] = set()
-        self._settler = LazySettler(ledger, getattr(client, "generation", None), settings.settlement, self.emit)
+        self._settler = LazySettler(ledger, client.generation, settings.settlement, self.emit)
         self._queue: deque[Prompt] = deque()  # prompts not yet reserved (every_turn adds next turns to it)
         self._prompt_tokens: dict[str, int] = {}
         self.breaker = RequestWideBreaker(settings.breaker_threshold)
@@ -624,7 +646,7 @@ class PartitionRunner:
         else:
             self._stop("budget", f"dollar budget reached: {denial.detail}")
 
-    def _stop(self, reason: str, detail: str, abort: bool = False) -> None:
+    def _stop(self, reason: StopReason, detail: str, abort: bool = False) -> None:
         if self.report.stop_reason in ("completed", "failures") or reason == "fatal":
             self.report.stop_reason, self.report.stop_detail = reason, detail
             self.emit(f"{self.job.key}: stopping admission — {detail}")
@@ -634,116 +656,138 @@ class PartitionRunner:
 
     # --- one prompt ---------------------------------------------------------------------------
     async def _attempts(self, prompt: Prompt, res: Reservation) -> None:
-        attempts = failures = congestion_waits = 0
+        """Ask until the prompt has an answer or a skip, has used its allowance, finds no headroom to be asked
+        again, or the run aborts (then its reservation is given back)."""
+        tries = _PromptTries(prompt, res)
         payload = self.payload(prompt)
-        while True:
-            if self._abort.is_set():
-                self.ledger.release(res)
-                return
-            await self.limiter.acquire()
-            self.report.peak_in_flight = max(self.report.peak_in_flight, self.limiter.in_flight)
-            try:
-                await self._settler.sending(res)  # a kill from here on charges it; before, it is released
-                raw = await self.client.chat_completion(
-                    payload,
-                    idle_timeout_s=self._idle_timeout,
-                    on_generation_id=functools.partial(self._settler.note, res),
-                )
-            finally:
-                self.limiter.release()
-            attempts += 1
+        while not self._abort.is_set():
+            raw = await self._send(payload, tries.res)
+            tries.attempts += 1
             self.report.requests += 1
-            out = classify(raw)
-            if out.action is Action.SUCCESS:
-                assert out.data is not None
-                provider = out.data.get("provider")
-                # A zero cost is a cost (free, discounted); only a missing one is priced from the usage.
-                cost = out.cost_usd if out.cost_usd is not None else self._priced(out.data)
-                if not self.providers.is_allowed_name(provider):
-                    self.report.errors["disallowed_provider"] += 1
-                    self.report.discarded_usd += cost
-                    self.report.spent_usd += cost
-                    log.warning(
-                        "%s: discarded a response from disallowed provider %r ($%.6f)",
-                        self.job.key,
-                        provider,
-                        cost,
-                    )
-                    self.ledger.settle_many([Settlement(res, cost, 0, "discarded")])
-                    failures += 1
-                    if not self.s.retry.should_retry(failures):
-                        self.report.failed += 1
-                        return
-                    again, _ = self._reserve([prompt])
-                    if not again:
-                        return  # no headroom left for a retry: the prompt stays pending
-                    res = again[0]
-                    continue
-                self.limiter.on_success(raw.latency_s)
-                self._confirm_skips()
-                record = success_record(
-                    prompt,
-                    out.data,
-                    attempts=attempts,
-                    latency_s=raw.latency_s,
-                    reservation_id=res.id,
-                    cost=cost,
-                )
-                await self._commit_q.put((record, res))
+            if not await self._on_outcome(tries, raw, classify(raw)):
                 return
-            self.report.errors[out.error_class] += 1
-            if out.action is Action.RETRY and self._maybe_billed(raw, out):
-                # The request may have been billed (an abandoned request is billed in full, a partial answer
-                # for what it produced): charge it provisionally, to be settled from /generation by its id
-                # later, and reserve afresh for the retry.
-                self._charge_uncertain(res, raw, out)
-                failures += 1
-                if not self.s.retry.should_retry(failures):
-                    self.report.failed += 1
-                    return
-                await self._sleep(self.s.retry.delay(failures, out.retry_after_s))
-                again, _ = self._reserve([prompt])
-                if not again:
-                    return  # no headroom for a retry: the prompt stays pending
-                res = again[0]
-                continue
-            if out.cost_usd:
-                self.ledger.record_spend(self.job.dataset, self.job.key, prompt.prompt_id, out.cost_usd, "error")
-                self.report.spent_usd += out.cost_usd
-            if out.action is Action.RETRY:
-                if out.error_class in CONGESTION:
-                    # The server asked us to slow down: that is pacing, not this prompt failing, so it draws
-                    # on its own (much larger) allowance instead of max_attempts.
-                    self.limiter.on_congestion()
-                    congestion_waits += 1
-                    if congestion_waits <= self.s.retry.max_congestion_waits:
-                        await self._sleep(self.s.retry.delay(min(congestion_waits, 8), out.retry_after_s))
-                        continue
-                failures += 1
-                if not self.s.retry.should_retry(failures):
-                    self.report.failed += 1
-                    self.ledger.release(res)
-                    log.warning(
-                        "%s: prompt %s failed after %d attempts (last: %s)",
-                        self.job.key,
-                        prompt.prompt_id,
-                        attempts,
-                        out.error_class,
-                    )
-                    return
-                await self._sleep(self.s.retry.delay(failures, out.retry_after_s))
-                continue
-            if out.action is Action.SKIP:
-                self._skip(prompt, res, out, attempts)
-                return
-            self.ledger.release(res)
-            if out.action is Action.STOP_CREDITS:
-                budget = out.error_class == "budget_exceeded"
-                what = "key or workspace budget exhausted (403" if budget else "credits exhausted (402"
-                self._stop("credits", f"{what}: {out.message or out.error_class})", abort=True)
-            else:
-                self._stop("fatal", out.message or out.error_class, abort=True)
-            return
+        self.ledger.release(tries.res)
+
+    async def _send(self, payload: dict[str, Any], res: Reservation) -> RawResponse:
+        """One request, within the in-flight limit, on the reservation ``res``."""
+        await self.limiter.acquire()
+        self.report.peak_in_flight = max(self.report.peak_in_flight, self.limiter.in_flight)
+        try:
+            await self._settler.sending(res)  # a kill from here on charges it; before, it is released
+            return await self.client.chat_completion(
+                payload,
+                idle_timeout_s=self._idle_timeout,
+                on_generation_id=functools.partial(self._settler.note, res),
+            )
+        finally:
+            self.limiter.release()
+
+    async def _on_outcome(self, tries: _PromptTries, raw: RawResponse, out: Outcome) -> bool:
+        """What one attempt's outcome means for its prompt: True to ask again (on ``tries.res``), False when the
+        prompt is done with for this run (its reservation settled, charged, queued for the journal or released)."""
+        if out.action is Action.SUCCESS:
+            return await self._on_answer(tries, raw, out)
+        self.report.errors[out.error_class] += 1
+        if out.action is Action.RETRY and self._maybe_billed(raw, out):
+            # The request may have been billed (an abandoned request is billed in full, a partial answer
+            # for what it produced): charge it provisionally, to be settled from /generation by its id
+            # later, and reserve afresh for the retry.
+            self._charge_uncertain(tries.res, raw, out)
+            return await self._retry_afresh(tries, backoff=True, retry_after_s=out.retry_after_s)
+        if out.cost_usd:
+            self.ledger.record_spend(self.job.dataset, self.job.key, tries.prompt.prompt_id, out.cost_usd, "error")
+            self.report.spent_usd += out.cost_usd
+        if out.action is Action.RETRY:
+            return await self._retry_held(tries, out)
+        if out.action is Action.SKIP:
+            self._skip(tries.prompt, tries.res, out, tries.attempts)
+            return False
+        self.ledger.release(tries.res)
+        if out.action is Action.STOP_CREDITS:
+            budget = out.error_class == "budget_exceeded"
+            what = "key or workspace budget exhausted (403" if budget else "credits exhausted (402"
+            self._stop("credits", f"{what}: {out.message or out.error_class})", abort=True)
+        else:
+            self._stop("fatal", out.message or out.error_class, abort=True)
+        return False
+
+    async def _on_answer(self, tries: _PromptTries, raw: RawResponse, out: Outcome) -> bool:
+        """An answer: kept (queued for the journal with its reservation), or, from a provider the policy does not
+        allow, paid for, discarded and asked again on a fresh reservation."""
+        assert out.data is not None
+        provider = out.data.get("provider")
+        # A zero cost is a cost (free, discounted); only a missing one is priced from the usage.
+        cost = out.cost_usd if out.cost_usd is not None else self._priced(out.data)
+        if not self.providers.is_allowed_name(provider):
+            self.report.errors["disallowed_provider"] += 1
+            self.report.discarded_usd += cost
+            self.report.spent_usd += cost
+            log.warning(
+                "%s: discarded a response from disallowed provider %r ($%.6f)",
+                self.job.key,
+                provider,
+                cost,
+            )
+            self.ledger.settle_many([Settlement(tries.res, cost, 0, "discarded")])
+            return await self._retry_afresh(tries, backoff=False)
+        self.limiter.on_success(raw.latency_s)
+        self._confirm_skips()
+        record = success_record(
+            tries.prompt,
+            out.data,
+            attempts=tries.attempts,
+            latency_s=raw.latency_s,
+            reservation_id=tries.res.id,
+            cost=cost,
+        )
+        await self._commit_q.put((record, tries.res))
+        return False
+
+    def _count_failure(self, tries: _PromptTries) -> bool:
+        """One more failed attempt: False, and the prompt counts as failed, once it has used ``max_attempts``."""
+        tries.failures += 1
+        if self.s.retry.should_retry(tries.failures):
+            return True
+        self.report.failed += 1
+        return False
+
+    async def _retry_afresh(self, tries: _PromptTries, *, backoff: bool, retry_after_s: float | None = None) -> bool:
+        """A failed attempt whose reservation is used up (settled, or charged until settlement): unless the prompt
+        has used ``max_attempts``, wait its backoff (if ``backoff``) and reserve it afresh. False: failed, or no
+        headroom left for a retry (the prompt stays pending)."""
+        if not self._count_failure(tries):
+            return False
+        if backoff:
+            await self._sleep(self.s.retry.delay(tries.failures, retry_after_s))
+        again, _ = self._reserve([tries.prompt])
+        if not again:
+            return False
+        tries.res = again[0]
+        return True
+
+    async def _retry_held(self, tries: _PromptTries, out: Outcome) -> bool:
+        """A retryable error that billed nothing uncertain: the reservation still holds, and the prompt is asked
+        again on it after a congestion wait or a failure's backoff. False: it has used ``max_attempts``."""
+        if out.error_class in CONGESTION:
+            # The server asked us to slow down: that is pacing, not this prompt failing, so it draws
+            # on its own (much larger) allowance instead of max_attempts.
+            self.limiter.on_congestion()
+            tries.congestion_waits += 1
+            if tries.congestion_waits <= self.s.retry.max_congestion_waits:
+                await self._sleep(self.s.retry.delay(min(tries.congestion_waits, 8), out.retry_after_s))
+                return True
+        if not self._count_failure(tries):
+            self.ledger.release(tries.res)
+            log.warning(
+                "%s: prompt %s failed after %d attempts (last: %s)",
+                self.job.key,
+                tries.prompt.prompt_id,
+                tries.attempts,
+                out.error_class,
+            )
+            return False
+        await self._sleep(self.s.retry.delay(tries.failures, out.retry_after_s))
+        return True
 
     @staticmethod
     def _maybe_billed(raw: RawResponse, out: Outcome) -> bool:
