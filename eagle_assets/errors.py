@@ -17,6 +17,7 @@ The hierarchy (``*`` marks classes defined in the modules named, not here)::
 
     EagleForgeError
     ├── ConfigError                     a setting, file or variable names nothing usable
+    │   ├── BudgetModeError *           eagle_assets/budget_mode.py
     │   ├── DatasetConfigError *        eagle_assets/datasets/config.py
     │   ├── DatabaseConfigError *       eagle_assets/generation/ledger_db.py
     │   ├── MissingApiKeyError *        resources/openrouter/secret.py

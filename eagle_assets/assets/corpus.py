@@ -14,6 +14,7 @@ from pydantic import Field
 
 from eagle_assets import settings
 from eagle_assets.assets.checks import TOKENIZED_CHECKS
+from eagle_assets.assets.failures import fail
 from eagle_assets.assets.generation import read_allowed_providers
 from eagle_assets.assets.tokens import length_metadata, tokenized_asset_key, tokenized_path
 from eagle_assets.corpus.merge import MergeConfig, merge_corpus
@@ -93,17 +94,14 @@ def build_corpus_asset(datasets: Sequence[DatasetSpec]) -> dg.AssetsDefinition:
             diffs[spec.name] = float(by_name["token_diff"].metadata["relative_diff"])
             sources += present
         if missing and not config.allow_missing_partitions:
-            raise dg.Failure(
-                description=f"{len(missing)} tokenized partitions missing ({', '.join(missing[:12])}"
-                f"{' …' if len(missing) > 12 else ''}): materialize them (or set allow_missing_partitions)",
-                allow_retries=False,
+            raise fail(
+                f"{len(missing)} tokenized partitions missing ({', '.join(missing[:12])}"
+                f"{' …' if len(missing) > 12 else ''}): materialize them (or set allow_missing_partitions)"
             )
         if problems:
-            raise dg.Failure(
-                description="blocking checks fail, nothing merged:\n" + "\n".join(problems), allow_retries=False
-            )
+            raise fail("blocking checks fail, nothing merged:\n" + "\n".join(problems))
         if not sources:
-            raise dg.Failure(description="no tokenized partitions to merge", allow_retries=False)
+            raise fail("no tokenized partitions to merge")
         merge = MergeConfig(
             seed=config.seed,
             eval_fraction=config.eval_fraction,

@@ -19,6 +19,7 @@ from pydantic import Field
 
 from eagle_assets import settings
 from eagle_assets.assets.draft_benchmark import BenchmarkConfig
+from eagle_assets.assets.failures import fail, project_errors_fail
 from eagle_assets.assets.hidden_state_checks import fidelity_failures
 from eagle_assets.assets.hidden_states import GPU_POOL, GPU_TAGS, HIDDEN_STATES_KEY, hidden_states_root
 from eagle_assets.corpus.tokenized_schema import EOT_ID
@@ -177,29 +178,22 @@ def draft_model(
     target: TargetModelResource,
     pipes_subprocess_client: dg.PipesSubprocessClient,
 ) -> dg.MaterializeResult:
-    from eagle_assets.hidden_states.store import StoreError
     from eagle_assets.hidden_states.store_set import StoreSet
 
     keys = train_partitions(context.instance)
     done = context.instance.get_materialized_partitions(HIDDEN_STATES_KEY)
     missing = [k for k in keys if k not in done]
     if not keys or missing:
-        raise dg.Failure(
-            description=f"hidden states missing for {missing or 'every train shard'}: materialize hidden_states first",
-            allow_retries=False,
-        )
+        raise fail(f"hidden states missing for {missing or 'every train shard'}: materialize hidden_states first")
     unchecked = fidelity_failures(context.instance, keys)
     if unchecked:
-        raise dg.Failure(
-            description="hidden states of "
+        raise fail(
+            "hidden states of "
             + "; ".join(f"{k}: {why}" for k, why in unchecked.items())
-            + " — not training on them: fix the extraction and re-materialize those shards",
-            allow_retries=False,
+            + " — not training on them: fix the extraction and re-materialize those shards"
         )
-    try:
+    with project_errors_fail("hidden-state store not usable: "):  # a StoreError: final for this run
         store = StoreSet(hidden_states_root(), partitions=keys)
-    except StoreError as exc:
-        raise dg.Failure(description=f"hidden-state store not usable: {exc}", allow_retries=False) from exc
     shards = store.fingerprints()
     out = draft_runs_dir() / run_identity(target.model_id(), shards, config)
     out.mkdir(parents=True, exist_ok=True)
@@ -257,7 +251,7 @@ def draft_benchmark(
 
     export = latest_export_dir() / "export"
     if not (export / "config.json").is_file():
-        raise dg.Failure(description=f"no exported draft at {export}: materialize draft_model first")
+        raise fail(f"no exported draft at {export}: materialize draft_model first", allow_retries=True)
     if serving.serves:
         return run_serving(context, config, target, serving, export)
     return run_inprocess(context, config, target, export)

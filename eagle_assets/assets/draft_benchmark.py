@@ -18,6 +18,7 @@ import dagster as dg
 from pydantic import Field
 
 from eagle_assets import settings
+from eagle_assets.assets.failures import fail
 from eagle_assets.benchmarks.acceptance import AcceptanceTally
 from eagle_assets.benchmarks.prompt_sets import PROMPT_SETS, PromptSetError
 from eagle_assets.benchmarks.reference import REFERENCES, comparable
@@ -67,13 +68,13 @@ def held_out_prompts(n: int) -> list[list[int]]:
 
     files = sorted((corpus_dir() / "eval").glob("shard-*.parquet"))
     if not files:
-        raise dg.Failure(description="the corpus has no eval split: re-materialize it with eval_fraction > 0")
+        raise fail("the corpus has no eval split: re-materialize it with eval_fraction > 0", allow_retries=True)
     frame = pl.concat([pl.read_parquet(f, columns=["input_ids", "prompt_len"]) for f in files]).head(n)
     return [ids[:k] for ids, k in zip(frame["input_ids"].to_list(), frame["prompt_len"].to_list(), strict=True)]
 
 
 def _fail(message: str, **metadata: Any) -> dg.Failure:
-    return dg.Failure(description=message, metadata=metadata, allow_retries=False)
+    return fail(message, metadata)
 
 
 def _rate_table(rows: dict[str, AcceptanceTally], num_steps: int) -> str:

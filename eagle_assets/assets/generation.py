@@ -13,13 +13,14 @@ from eagle_assets import settings
 from eagle_assets.assets.account import account_observation
 from eagle_assets.assets.checks import GENERATED_CHECKS, check_results, check_specs
 from eagle_assets.assets.dataset_metadata import input_metadata
+from eagle_assets.assets.failures import fail, project_errors_fail
 from eagle_assets.corpus.validation import run_generated_checks
 from eagle_assets.datasets.config import DatasetSpec
 from eagle_assets.durable_files import atomic_write_bytes
 from eagle_assets.generation.partition_inputs import partition_inputs
 from eagle_assets.generation.partition_output import write_partition_parquet
 from eagle_assets.generation.partition_runs import native_completion_counts, run_partition
-from eagle_assets.generation.plan import PlanRefusal, plan_gate
+from eagle_assets.generation.plan import plan_gate
 from eagle_assets.generation.plan_file import read_plan
 from eagle_assets.generation.runner import PartitionJob, PartitionReport
 from eagle_assets.generation.shard_identity import ShardIdentity, check_shard_identity
@@ -162,10 +163,8 @@ def run_generation(
     check_shard_identity(
         journal, ShardIdentity(inputs.scan.rows, spec.shard_size, spec.order, spec.seed, inputs.source.description)
     )
-    try:
+    with project_errors_fail():  # a PlanRefusal: final for this run
         gate = plan_gate(read_plan(), spec.name, spec.output_token_budget)
-    except PlanRefusal as exc:
-        raise dg.Failure(description=str(exc), allow_retries=False) from None
     context.log.info(gate.note)
     job = PartitionJob(spec.name, shard, inputs.prompts, gate.token_target, journal, chains=inputs.chains)
     report = run_partition(
@@ -175,29 +174,23 @@ def run_generation(
     allowed = record_allowed_providers(spec.name, shard, report.allowed_providers)
     meta = {**input_metadata(inputs), **report_metadata(report)}
     if report.stop_reason in ("budget", "credits"):
-        raise dg.Failure(
-            description=f"budget exhausted — {report.done} of {report.total} prompts done, resumable "
+        raise fail(
+            f"budget exhausted — {report.done} of {report.total} prompts done, resumable "
             f"({report.stop_detail}). Top up or raise budget_usd, then re-materialize this partition.",
-            metadata=meta,
-            allow_retries=False,
+            meta,
         )
     if report.stop_reason in ("fatal", "no_success"):
-        raise dg.Failure(description=f"generation stopped: {report.stop_detail}", metadata=meta, allow_retries=False)
+        raise fail(f"generation stopped: {report.stop_detail}", meta)
     if report.stop_reason == "failures":
-        raise dg.Failure(
-            description=f"{report.stop_detail} ({report.done} of {report.total} done)",
-            metadata=meta,
-            allow_retries=False,
-        )
+        raise fail(f"{report.stop_detail} ({report.done} of {report.total} done)", meta)
     if report.stop_reason not in ("completed", "tokens"):  # a stop nobody described must not pass as success
-        raise dg.Failure(description=f"generation stopped ({report.stop_reason}): {report.stop_detail}", metadata=meta)
+        raise fail(f"generation stopped ({report.stop_reason}): {report.stop_detail}", meta, allow_retries=True)
     meta["rows"] = dg.MetadataValue.int(rows := write_partition_parquet(journal, parquet))
     if rows == 0:
-        raise dg.Failure(
-            description=f"{spec.name}/{shard}: all {report.total} requests ended without an answer to keep"
+        raise fail(
+            f"{spec.name}/{shard}: all {report.total} requests ended without an answer to keep"
             f" (errors: {dict(report.errors) or 'none'}); nothing to train on",
-            metadata=meta,
-            allow_retries=False,
+            meta,
         )
     meta["path"] = dg.MetadataValue.path(str(parquet))
     meta["native_counts_fetched"] = dg.MetadataValue.int(fetch_native_counts(parquet, spec.name, shard, openrouter))

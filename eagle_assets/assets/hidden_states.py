@@ -18,6 +18,7 @@ import polars as pl
 
 from eagle_assets import settings
 from eagle_assets.assets.corpus import CORPUS_KEY, CORPUS_SHARDS, shard_file
+from eagle_assets.assets.failures import fail, project_errors_fail
 from eagle_assets.assets.hidden_state_checks import (
     HIDDEN_STATES_KEY,
     FidelityCheckConfig,
@@ -77,14 +78,12 @@ def hidden_states(
     context: dg.AssetExecutionContext, config: FidelityCheckConfig, target: TargetModelResource
 ) -> dg.MaterializeResult:
     from eagle_assets.hidden_states.extract_sglang import read_target_dims
-    from eagle_assets.hidden_states.store import InsufficientDiskError, check_disk, estimate_store_bytes
+    from eagle_assets.hidden_states.store import check_disk, estimate_store_bytes
 
     key = context.partition_key
     source = shard_file(key)
     if not source.is_file():
-        raise dg.Failure(
-            description=f"corpus shard {key} ({source}) does not exist: re-materialize the corpus", allow_retries=False
-        )
+        raise fail(f"corpus shard {key} ({source}) does not exist: re-materialize the corpus")
     rows = pl.read_parquet(source, columns=["prompt_id", "input_ids", "loss_mask", "prompt_len"])
     n_tokens = int(rows["input_ids"].list.len().sum())
     model_dir = target.model_dir()
@@ -93,10 +92,8 @@ def hidden_states(
     need = estimate_store_bytes(n_tokens, dims.hidden_size, n_aux=n_aux, dtype_bytes=target.dtype().itemsize)
     out = store_dir(key)
     reserve = int(target.reserve_disk_gb * GiB)
-    try:
+    with project_errors_fail():  # an InsufficientDiskError: final for this run
         check_disk(out, need, reserve_bytes=reserve)
-    except InsufficientDiskError as exc:
-        raise dg.Failure(description=str(exc), allow_retries=False) from exc
     context.log.info(
         f"{key}: {len(rows)} samples, {n_tokens} tokens → about {need / GiB:.3f} GiB "
         f"({n_tokens} × ({n_aux} aux + last) × {dims.hidden_size} × {target.dtype().itemsize} B) in {out}"

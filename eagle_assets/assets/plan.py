@@ -27,6 +27,7 @@ from pydantic import Field
 
 from eagle_assets import settings
 from eagle_assets.assets.account import account_observation
+from eagle_assets.assets.failures import fail
 from eagle_assets.assets.generation import GENERATION_GROUP, GENERATION_POOL, PLAN_KEY, partition_paths
 from eagle_assets.datasets.config import DatasetSpec
 from eagle_assets.generation.account_snapshot import AccountSnapshot
@@ -128,7 +129,7 @@ def run_pilots(
     for report in run_partitions(openrouter, jobs, log):
         log.info(f"pilot {report.summary()}")
         if report.stop_reason == "fatal":
-            raise dg.Failure(description=f"the pilot stopped: {report.stop_detail}", allow_retries=False)
+            raise fail(f"the pilot stopped: {report.stop_detail}")
         if report.stop_reason != "completed":
             log.warning(f"pilot {report.partition} stopped early ({report.stop_reason}): {report.stop_detail}")
         got[report.partition.split("/")[0]] += report.ok
@@ -144,10 +145,9 @@ def build_plan(
 ) -> Plan:
     """``observe``: receives the account's money as the plan saw it (a point on the account's curve)."""
     if config.on_overrun not in OVERRUN_CHOICES or config.proposal not in PROPOSAL_RULES:
-        raise dg.Failure(
-            description=f"on_overrun must be one of {OVERRUN_CHOICES} and proposal one of {PROPOSAL_RULES};"
-            f" got {config.on_overrun!r}, {config.proposal!r}",
-            allow_retries=False,
+        raise fail(
+            f"on_overrun must be one of {OVERRUN_CHOICES} and proposal one of {PROPOSAL_RULES};"
+            f" got {config.on_overrun!r}, {config.proposal!r}"
         )
     gen = preflight(openrouter)
     pilots = run_pilots(specs, config, openrouter, log)
@@ -185,10 +185,9 @@ def build_plan(
         need = requests_needed(stats, left, queue.pending)
         counted = queue.prompt_tokens(max(1, need) if queue.pending else 0, estimate, stats.mean)
         if queue.pending and not counted:
-            raise dg.Failure(
-                description=f"{spec.name}: {queue.pending:,} requests pending by the journals, but no shard yields"
-                " one to ask (the source changed since its scan?)",
-                allow_retries=False,
+            raise fail(
+                f"{spec.name}: {queue.pending:,} requests pending by the journals, but no shard yields"
+                " one to ask (the source changed since its scan?)"
             )
         inputs.append(
             DatasetInput(

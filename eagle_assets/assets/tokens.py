@@ -6,6 +6,7 @@ import dagster as dg
 
 from eagle_assets import settings
 from eagle_assets.assets.checks import TOKENIZED_CHECKS, check_results, check_specs
+from eagle_assets.assets.failures import fail
 from eagle_assets.assets.generation import (
     generated_asset_key,
     partition_paths,
@@ -57,10 +58,8 @@ def build_tokenized_asset(spec: DatasetSpec, partitions_def: dg.PartitionsDefini
         shard = context.partition_key
         generated = partition_paths(spec.name, shard)[1]
         if not generated.is_file():
-            raise dg.Failure(
-                description=f"no generated data for {spec.name}/{shard} at {generated}: "
-                "materialize the generation partition first",
-                allow_retries=False,
+            raise fail(
+                f"no generated data for {spec.name}/{shard} at {generated}: materialize the generation partition first"
             )
         rows, summary = tokenize_generated(
             generated,

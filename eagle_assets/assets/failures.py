@@ -1,0 +1,45 @@
+"""Where a project error becomes a Dagster failure, and whether Dagster may retry it: here, and only here.
+
+Every asset that stops on purpose raises ``fail(...)``, and every asset that turns a project error
+(``eagle_assets.errors``) into a failure does so inside ``project_errors_fail()``, so that "is this
+retryable?" is decided by the error's class in one place instead of by an ``allow_retries=`` argument
+remembered (or forgotten) at each ``raise``.
+
+The rule: a project error is final for the run (``allow_retries=False``): a retry would meet the
+same refusal, and for generation it could spend money again before meeting it. ``Resumable`` errors
+(a lost lease) are let through untouched, so the run fails with their own class, as it always did, and
+a rerun continues where it stopped. A budget stop is not an exception but a report; its asset raises
+``fail(...)`` with the resumable wording and its metadata, as final as the others. Errors that are
+not the project's are not touched either: they are bugs or the environment, and Dagster shows them as
+they are.
+"""
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import dagster as dg
+
+from eagle_assets.errors import EagleForgeError, Resumable
+
+
+def fail(description: str, metadata: Mapping[str, Any] | None = None, *, allow_retries: bool = False) -> dg.Failure:
+    """The failure an asset raises; final unless the caller says a retry could go another way."""
+    return dg.Failure(description=description, metadata=metadata, allow_retries=allow_retries)
+
+
+def failure_for(exc: EagleForgeError, prefix: str = "") -> dg.Failure:
+    """The failure that stands for a (non-resumable) project error: its message, after ``prefix``."""
+    return fail(f"{prefix}{exc}")
+
+
+@contextmanager
+def project_errors_fail(prefix: str = "") -> Iterator[None]:
+    """Turn a project error raised in the block into a final ``dg.Failure`` (chained to it, so its class and
+    traceback stay in the run's logs); let ``Resumable`` errors and everything else through unchanged."""
+    try:
+        yield
+    except Resumable:
+        raise
+    except EagleForgeError as exc:
+        raise failure_for(exc, prefix) from exc
