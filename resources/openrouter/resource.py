@@ -27,7 +27,7 @@ from resources.openrouter.providers import (
     ProviderTable,
     parse_endpoints,
 )
-from resources.openrouter.secret import ApiKey, load_api_key
+from resources.openrouter.secret import ApiKey, MissingApiKeyError, load_api_key
 
 LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
 # Request fields that are not model parameters: require_parameters never asks an endpoint for them.
@@ -141,7 +141,7 @@ class OpenRouterResource(ConfigurableResource):
     def api_key(self) -> ApiKey:
         try:
             return load_api_key(self.api_key_file, self.api_key_env)
-        except Exception:
+        except MissingApiKeyError:
             if self.allow_missing_key_on_loopback and is_loopback(self.base_url):
                 return ApiKey(SIMULATOR_KEY)
             raise

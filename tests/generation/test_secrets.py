@@ -11,6 +11,7 @@ import orjson
 import pytest
 
 from eagle_assets.settings import REPO_ROOT, tokenizer_dir
+from resources.openrouter.resource import SIMULATOR_KEY, OpenRouterResource
 from resources.openrouter.secret import ApiKey, MissingApiKeyError, check_key_file_permissions, load_api_key
 from resources.simulator.config import LatencyConfig, SimulatorConfig
 from resources.simulator.control import spawn_simulator_process
@@ -125,3 +126,15 @@ def test_full_materialization_leaves_no_trace_of_the_key(tmp_path, accepted):
     leaked = [p for p in files_containing(home, needle) if p != home / "sim.json"]
     assert leaked == []
     assert (home / "journal" / "S1").exists() or accepted == "other"
+
+
+def test_only_a_missing_key_falls_back_to_the_simulators_on_loopback(tmp_path, monkeypatch):
+    """A key file that cannot be read is reported, not taken for an absent key and replaced."""
+    monkeypatch.delenv("NO_SUCH_KEY_VAR", raising=False)
+    garbled = tmp_path / "key.txt"
+    garbled.write_bytes(b"\xff\xfe not UTF-8")
+    garbled.chmod(0o600)
+    local = {"base_url": "http://127.0.0.1:1/api/v1", "api_key_env": "NO_SUCH_KEY_VAR"}
+    with pytest.raises(UnicodeDecodeError):
+        OpenRouterResource(api_key_file=str(garbled), **local).api_key()
+    assert OpenRouterResource(api_key_file=str(tmp_path / "none"), **local).api_key().reveal() == SIMULATOR_KEY
