@@ -4,10 +4,14 @@ Layer convention (the project's canonical one, see ``eagle_assets/hidden_states/
 layer id is an index into HF's ``output_hidden_states`` tuple (0 = embeddings, i = input of decoder
 layer i). The last hidden state is HF's ``hidden_states[-1]``, i.e. *after* the final norm for
 Llama-style models, so the target's logits are ``lm_head(last)``; a store that keeps the pre-norm
-state needs ``norm`` too (``TargetHead(last_kind="pre_norm")``).
+state needs ``norm`` too (``load_target_head(path, "pre_norm")``).
 
-Everything here is a plain callable so the trainer can also take the hidden-state developer's
-``TargetHead`` or anything else mapping ``last -> logits``.
+``TargetHead`` lives here, once, for every reader of a store: the trainer, the hidden-state fidelity
+checks and the extraction tests recompute the target's logits from the stored last state with it. The
+store keeps one H-wide vector per token instead of vocabulary-sized logits (7168 vs 163,840 numbers for
+Kimi K2.5); loading only ``lm_head`` (and the final norm) costs ~2.3 GB in bf16 instead of the whole
+model. The trainer also takes anything else mapping ``last -> logits`` (the loaded model's own
+``lm_head``, a synthetic head).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import torch
 from torch import nn
 
 from eagle_assets.draft.model import RMSNorm
+from eagle_assets.hidden_states.store import LAST_KINDS
 
 
 def cache_kwarg(model: nn.Module) -> str:
@@ -93,22 +98,46 @@ def hf_target_head(model: nn.Module) -> nn.Module:
 
 
 class TargetHead(nn.Module):
-    """Frozen ``lm_head`` (and final norm for pre-norm stores) of the target, loaded without the model."""
+    """``logits = lm_head(last)`` (post-norm store) or ``lm_head(norm(last))`` (pre-norm store), frozen.
 
-    def __init__(self, lm_head_weight: torch.Tensor, norm_weight: torch.Tensor | None = None, eps: float = 1e-6):
+    The head is a copy in the default dtype (fp32, whatever the checkpoint's), so a bf16 store's logits
+    are computed at the head's precision; ``from_model`` shares the loaded model's own modules instead, for exactly
+    the arithmetic of its forward.
+    """
+
+    def __init__(self, lm_head_weight: torch.Tensor, *, norm: nn.Module | None = None, last_kind: str = "post_norm"):
         super().__init__()
+        if last_kind not in LAST_KINDS:
+            raise ValueError(f"last_kind must be one of {LAST_KINDS}")
+        if last_kind == "pre_norm" and norm is None:
+            raise ValueError("a pre-norm store needs the target's final norm")
         self.lm_head = nn.Linear(lm_head_weight.shape[1], lm_head_weight.shape[0], bias=False)
-        self.norm: RMSNorm | None = None
         with torch.no_grad():
             self.lm_head.weight.copy_(lm_head_weight)
-            if norm_weight is not None:
-                self.norm = RMSNorm(norm_weight.numel(), eps)
-                self.norm.weight.copy_(norm_weight)
-        self.requires_grad_(False)
+        self.lm_head.weight.requires_grad_(False)
+        self.norm = norm if last_kind == "pre_norm" else None
+        self.last_kind = last_kind
+
+    @classmethod
+    def from_model(cls, model: nn.Module, last_kind: str = "post_norm") -> TargetHead:
+        """Share the loaded model's own modules (exactly the same arithmetic as its forward)."""
+        from eagle_assets.hidden_states.extract_hf import _decoder, _final_norm
+
+        head = model.get_output_embeddings()
+        norm = _final_norm(_decoder(model)) if last_kind == "pre_norm" else None
+        obj = cls(head.weight.detach(), norm=norm, last_kind=last_kind)
+        obj.lm_head = head
+        return obj
 
     def forward(self, last: torch.Tensor) -> torch.Tensor:
         h = self.norm(last) if self.norm is not None else last
         return self.lm_head(h.to(self.lm_head.weight.dtype))
+
+
+def target_logits(last: torch.Tensor, head: TargetHead) -> torch.Tensor:
+    """The target's logits at every stored position, from the stored last hidden state."""
+    with torch.no_grad():
+        return head(last)
 
 
 def load_checkpoint_tensor(path: str | Path, suffixes: Sequence[str]) -> torch.Tensor | None:
@@ -135,6 +164,7 @@ def load_target_embeddings(path: str | Path) -> torch.Tensor:
 
 
 def load_target_head(path: str | Path, last_kind: str = "post_norm") -> TargetHead:
+    """Read only ``lm_head`` (the tied embedding when there is none) and, for a pre-norm store, the final norm."""
     config = json.loads((Path(path) / "config.json").read_text())
     text = config.get("text_config", config)
     weight = load_checkpoint_tensor(path, ("lm_head.weight",))
@@ -144,9 +174,11 @@ def load_target_head(path: str | Path, last_kind: str = "post_norm") -> TargetHe
         raise KeyError(f"no lm_head.weight in {path}")
     norm = None
     if last_kind == "pre_norm":
-        norm = load_checkpoint_tensor(path, ("model.norm.weight",))
-        if norm is None:
+        norm_weight = load_checkpoint_tensor(path, ("model.norm.weight",))
+        if norm_weight is None:
             raise KeyError(f"no model.norm.weight in {path}")
-    elif last_kind != "post_norm":
-        raise ValueError("last_kind must be 'post_norm' or 'pre_norm'")
-    return TargetHead(weight, norm, float(text.get("rms_norm_eps", 1e-6)))
+        norm = RMSNorm(norm_weight.numel(), float(text.get("rms_norm_eps", 1e-6)))
+        with torch.no_grad():
+            norm.weight.copy_(norm_weight)
+        norm.requires_grad_(False)
+    return TargetHead(weight, norm=norm, last_kind=last_kind)

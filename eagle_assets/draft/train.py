@@ -48,7 +48,7 @@ from eagle_assets.draft.checkpoint import (
 from eagle_assets.draft.data import RowDataset, collate, global_batch_indices, local_slice, steps_per_epoch
 from eagle_assets.draft.model import Eagle3Draft
 from eagle_assets.draft.ttt import (
-    TargetHead,
+    HeadFn,
     loss_mask_counts,
     needed_target_positions,
     resolve_attn_impl,
@@ -184,7 +184,7 @@ class Trainer:
         self,
         model: Eagle3Draft,
         dataset: RowDataset,
-        target_head: TargetHead,
+        target_head: HeadFn,
         config: TrainConfig | None = None,
         *,
         features: Features | None = None,

@@ -44,7 +44,8 @@ import torch.nn.functional as F
 
 from eagle_assets.draft.model import Eagle3Draft, repeat_kv
 
-TargetHead = Callable[[torch.Tensor], torch.Tensor]
+# The target's head as the loss sees it: any `last -> logits` (target.TargetHead, the model's own lm_head, a test head).
+HeadFn = Callable[[torch.Tensor], torch.Tensor]
 ATTN_IMPLS = ("eager", "sdpa")
 
 
@@ -122,7 +123,7 @@ def resolve_attn_impl(impl: str, device: torch.device) -> str:
 @torch.no_grad()
 def target_distribution(
     last: torch.Tensor,
-    target_head: TargetHead,
+    target_head: HeadFn,
     used_ids: torch.Tensor,
     chunk_tokens: int = 1024,
     needed: torch.Tensor | None = None,
@@ -245,7 +246,7 @@ def ttt_forward(
 def ttt_loss(
     model: Eagle3Draft,
     batch: dict[str, torch.Tensor],
-    target_head: TargetHead,
+    target_head: HeadFn,
     *,
     steps: int = 7,
     step_weight: float = 0.8,

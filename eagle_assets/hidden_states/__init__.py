@@ -5,7 +5,7 @@
 - ``pipeline``: the backend-independent extraction loop.
 - ``extract_hf``: backend 1, a Hugging Face model in this process.
 - ``extract_sglang``: backend 2, an SGLang engine with tensor parallelism (SGLang optional).
-- ``target_head``: the target's frozen final norm + lm_head, to recompute logits from the store.
+- the target's frozen head that recomputes logits from the store: ``eagle_assets.draft.target.TargetHead``.
 
 Submodules are imported explicitly (``from eagle_assets.hidden_states.store import ...``) so that
 importing the package does not load torch-heavy code.

@@ -27,7 +27,7 @@ Why this shape:
 - **The last hidden state is the final norm's output** (``last_kind="post_norm"``): HF's
   ``output_hidden_states[-1]``, SGLang's ``return_hidden_states`` output and SpecForge's
   ``last_hidden_states`` are all this tensor, so the target's logits are ``lm_head(last)`` — see
-  ``target_head.py``, whose test reproduces the model's logits from the store. ``"pre_norm"`` (the
+  ``TargetHead`` (``draft/target.py``), whose test reproduces the model's logits from the store. ``"pre_norm"`` (the
   last decoder layer's raw output, logits = ``lm_head(norm(last))``) is available from the HF backend
   for trainers that want to apply the norm themselves.
 - Default dtype bf16 (what the target computes in; (3 + 1) × H × 2 bytes per token); fp32 for tests.

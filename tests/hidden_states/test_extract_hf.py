@@ -3,10 +3,10 @@ import json
 import pytest
 import torch
 
+from eagle_assets.draft.target import TargetHead, load_target_head, target_logits
 from eagle_assets.hidden_states.extract_hf import HFFeatureExtractor, extract_hf, pad_batch
 from eagle_assets.hidden_states.layers import AuxLayers
 from eagle_assets.hidden_states.store import HiddenStateStore
-from eagle_assets.hidden_states.target_head import TargetHead, target_logits
 from tests.hidden_states.conftest import direct_forward, make_corpus
 
 F32 = torch.float32
@@ -50,7 +50,7 @@ def test_unbatched_extraction_is_bitwise_and_reproduces_the_logits(tmp_path, tin
 def test_head_loaded_from_the_checkpoint_gives_the_model_logits(tmp_path, tiny_dir, tiny_model, corpus):
     extract(tiny_model, corpus[:1], tmp_path, max_tokens_per_batch=64)
     store = HiddenStateStore(tmp_path)
-    head = TargetHead.for_store(store, tiny_dir)
+    head = load_target_head(tiny_dir, store.meta.last_kind)
     assert torch.equal(head.lm_head.weight, tiny_model.lm_head.weight)
     for i, s in enumerate(corpus[0]):
         logits = target_logits(store[i]["last"], head)
@@ -63,7 +63,7 @@ def test_pre_norm_variant_needs_and_applies_the_final_norm(tmp_path, tiny_dir, t
     extract(tiny_model, corpus[:2], tmp_path, last_kind="pre_norm", max_tokens_per_batch=1)
     store = HiddenStateStore(tmp_path)
     assert store.meta.last_kind == "pre_norm"
-    heads = [TargetHead.from_model(tiny_model, "pre_norm"), TargetHead.from_pretrained(tiny_dir, "pre_norm")]
+    heads = [TargetHead.from_model(tiny_model, "pre_norm"), load_target_head(tiny_dir, "pre_norm")]
     for i, s in enumerate(flat(corpus[:2])):
         ref = direct_forward(tiny_model, s)
         last = store[i]["last"]
