@@ -176,8 +176,12 @@ def write_capture_draft(
     ids from the draft's ``eagle_config.eagle_aux_hidden_state_layer_ids`` (explicit ids, +1 inside
     SGLang: hence ``layers.sglang_ids``). Zero weights keep the draft's outputs finite and its
     proposals irrelevant: with ``max_new_tokens=1`` the answer comes from the target's prefill.
-    Any trained EAGLE-3 draft of the target with the same layer ids works as well.
+    Any trained EAGLE-3 draft of the target with the same layer ids works as well. Its ``config.json`` is
+    the exporter's (``draft/export.py``), so a key both engines read is written in one place only.
     """
+    from eagle_assets.draft.export import export_config
+    from eagle_assets.draft.model import Eagle3Config
+
     dims = read_target_dims(model_path)
     h = dims.hidden_size
     heads = num_attention_heads or max(1, h // 128)
@@ -185,30 +189,23 @@ def write_capture_draft(
     inter = intermediate_size or h  # any size works for a zero-weight draft; small keeps it ~1.8 GB at H=7168
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    config = {
-        "architectures": ["LlamaForCausalLMEagle3"],
-        "model_type": "llama",
-        "hidden_size": h,
-        "target_hidden_size": h,
-        "intermediate_size": inter,
-        "num_hidden_layers": 1,
-        "num_attention_heads": heads,
-        "num_key_value_heads": heads,
-        "head_dim": head_dim,
-        "hidden_act": "silu",
-        "rms_norm_eps": 1e-6,
-        "max_position_embeddings": 262144,
-        "rope_theta": 50000.0,
-        "vocab_size": dims.vocab_size,
-        "draft_vocab_size": draft_vocab_size,
-        "tie_word_embeddings": False,
-        "torch_dtype": "bfloat16",
-        "eagle_config": {
-            "eagle_aux_hidden_state_layer_ids": list(layers.sglang_ids),
-            "use_aux_hidden_state": True,
-        },
-        "eagle_forge": {"purpose": "capture-only placeholder draft (zero weights)", "layers": layers.to_dict()},
-    }
+    shape = Eagle3Config(
+        hidden_size=h,
+        intermediate_size=inter,
+        num_heads=heads,
+        num_kv_heads=heads,
+        head_dim=head_dim,
+        target_vocab_size=dims.vocab_size,
+        draft_vocab_size=draft_vocab_size,
+        aux_layer_ids=layers.hf_indices,
+        target_hidden_size=h,
+        rms_norm_eps=1e-6,
+        rope_theta=50000.0,
+        max_position=262144,
+        target_num_layers=layers.num_layers,
+    )
+    config = export_config(shape, dtype=torch.bfloat16)
+    config["eagle_forge"].update(purpose="capture-only placeholder draft (zero weights)", layers=layers.to_dict())
     (out / "config.json").write_text(json.dumps(config, indent=2))
     if weights:
         from safetensors.torch import save_file
