@@ -11,8 +11,7 @@ import os
 from eagle_assets.budget_mode import parse_budget_mode
 from eagle_assets.errors import ConfigError
 from resources.openrouter.resource import OpenRouterResource
-
-DEFAULT_SIMULATOR_PORT = 18765
+from resources.simulator.config import DEFAULT_PORT as DEFAULT_SIMULATOR_PORT
 
 
 class TargetConfigError(ConfigError, ValueError):

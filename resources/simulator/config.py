@@ -4,6 +4,7 @@ Everything that shapes what the simulator answers lives here as frozen dataclass
 state its scenario in one expression and a running server can be re-pointed (faults) atomically.
 """
 
+import dataclasses
 import ipaddress
 import math
 import random
@@ -11,12 +12,18 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 
+import orjson
+
 from eagle_assets.settings import tokenizer_dir
 from resources.simulator.faults import FaultConfig
+from resources.simulator.flags import Alias, flag, flags_of, group
 
 MODEL_SLUG = "moonshotai/kimi-k2.5"
 MODEL_PERMASLUG = "moonshotai/kimi-k2.5-0127"
 MODEL_NAME = "MoonshotAI: Kimi K2.5"
+# Where ``python -m resources.simulator`` listens unless told otherwise, and so where the Dagster
+# resource looks for the embedded simulator (``resources.openrouter.configured``).
+DEFAULT_PORT = 18765
 
 
 def per_token_string(usd_per_million: float) -> str:
@@ -115,11 +122,11 @@ DEFAULT_PROVIDERS: tuple[ProviderEndpoint, ...] = (
 class LatencyConfig:
     """Time to answer a request: none, a fixed delay, or a clipped lognormal around a median."""
 
-    fixed_s: float | None = None
-    median_s: float | None = None
-    sigma: float = 0.5
-    min_s: float = 0.0
-    max_s: float = 120.0
+    fixed_s: float | None = field(default=None, metadata=flag("--latency-fixed", "a fixed latency", metavar="SECONDS"))
+    median_s: float | None = field(default=None, metadata=flag("--latency-median", "median of a lognormal latency"))
+    sigma: float = field(default=0.5, metadata=flag("--latency-sigma", "sigma of a lognormal latency"))
+    min_s: float = field(default=0.0, metadata=flag("--latency-min", "lowest lognormal latency"))
+    max_s: float = field(default=120.0, metadata=flag("--latency-max", "highest lognormal latency"))
 
     def __post_init__(self) -> None:
         if self.fixed_s is not None and self.median_s is not None:
@@ -142,6 +149,16 @@ class LatencyConfig:
         return self.fixed_s or 0.0
 
 
+def providers_from_json(raw: str) -> tuple[ProviderEndpoint, ...]:
+    """``--providers-json``: a JSON list of endpoints (unknown keys ignored, so a listing can be pasted)."""
+    names = {f.name for f in dataclasses.fields(ProviderEndpoint)}
+    return tuple(ProviderEndpoint(**{k: v for k, v in item.items() if k in names}) for item in orjson.loads(raw))
+
+
+def providers_to_json(providers: tuple[ProviderEndpoint, ...]) -> str:
+    return orjson.dumps([dataclasses.asdict(p) for p in providers]).decode()
+
+
 def is_loopback_host(host: str) -> bool:
     """The simulator must never listen beyond this machine."""
     if host == "localhost":
@@ -154,50 +171,132 @@ def is_loopback_host(host: str) -> bool:
 
 @dataclass(frozen=True)
 class SimulatorConfig:
-    host: str = "127.0.0.1"
-    port: int = 0  # 0 = an ephemeral port
-    seed: int = 0
-    credits: float = 100.0  # the account's initial limit in USD, unless the state file has one
-    state_file: Path | None = None
-    accepted_keys: frozenset[str] | None = None  # None = any non-empty key
-    # An unlimited key: /key says limit and limit_remaining null (the account's credits still run out: 402).
-    unlimited_key: bool = False
-    management_keys: frozenset[str] = frozenset()  # keys /credits answers; any other key gets 403, as on OpenRouter
-    # A workspace/guardrail budget in USD: once usage reaches it, requests get 403 "Budget limit exceeded".
-    workspace_budget_usd: float | None = None
-    # Share of prompts whose reasoning and content start with a space, as some Kimi providers send them
-    # (not applied to a model-backed generator, whose text is the model's own output).
-    leading_space_rate: float = 0.25
-    key_label: str = "sk-or-v1-sim...sim"
-    tokenizer_dir: Path = field(default_factory=tokenizer_dir)
-    model_slug: str = MODEL_SLUG
-    model_permaslug: str = MODEL_PERMASLUG
-    providers: tuple[ProviderEndpoint, ...] = DEFAULT_PROVIDERS
-    latency: LatencyConfig = field(default_factory=LatencyConfig)
-    faults: FaultConfig = field(default_factory=FaultConfig)
-    mean_completion_tokens: int = 300
-    tool_call_probability: float = 0.5
-    generation_404_ms: float = 0.0  # /generation answers 404 for this long after completion
-    # Answers carry ``X-Generation-Id`` (as OpenRouter's do since 2026); False: none, as older recordings.
-    generation_id_header: bool = True
-    # A non-streaming answer sends its head (200 and the id header) at once and pads with whitespace while
-    # the model runs, as OpenRouter does; False: the whole answer at the end (no padding, no early id).
-    plain_head_first: bool = True
-    # Answer every chat request with a 400 of this message, as for a parameter the endpoint refuses
-    # ("Reasoning is mandatory for this endpoint and cannot be disabled."); None: off. Settable at runtime.
-    request_wide_400: str | None = None
-    cache_size: int = 16_384  # prepared responses kept (LRU)
-    max_generations_kept: int = 200_000  # /generation records kept (oldest dropped)
-    backlog: int = 8192
-    state_flush_interval_s: float = 0.25  # billing is written behind, at most this stale
-    stream_chunks: int = 12  # content deltas per streamed part (reasoning, content)
-    # Share of streams whose usage chunk repeats the finish choice (395 of 545 recorded); the rest: ``choices: []``.
-    usage_chunk_with_choice_rate: float = 0.72
-    processing_comment_interval_s: float = 1.0
-    # A built tiny target (``eagle_assets.target.tiny``): completions are its greedy output instead of
-    # templated text (``resources.simulator.model_generator``); None = ``KimiStyleGenerator``.
-    tiny_target_dir: Path | None = None
-    tiny_target_max_batch: int = 32  # requests decoded together in one batch
+    """Everything a simulator serves by; each field is also its command-line flag (``resources.simulator.flags``).
+
+    A child process gets its config as flags (``config_to_args``) and parses them back with the parser
+    derived from these same fields, so a setting is declared here and nowhere else.
+    """
+
+    host: str = field(default="127.0.0.1", metadata=flag(help="loopback only: 127.x, localhost or ::1"))
+    # A test's config takes any free port; a process listens where the Dagster resource looks for it.
+    port: int = field(default=0, metadata=flag(help="0 = an ephemeral port", cli_default=DEFAULT_PORT))
+    seed: int = field(default=0, metadata=flag(help="seeds faults, latency and the templated text"))
+    credits: float = field(
+        default=100.0, metadata=flag(help="the account's initial limit in USD, unless the state file has one")
+    )
+    state_file: Path | None = field(default=None, metadata=flag(help="JSON file keeping the balance across restarts"))
+    accepted_keys: frozenset[str] | None = field(
+        default=None, metadata=flag("--key", "accepted API key (repeatable; default: any non-empty key)")
+    )
+    unlimited_key: bool = field(
+        default=False,
+        metadata=flag(help="/key says limit and limit_remaining null (the account's credits still run out: 402)"),
+    )
+    management_keys: frozenset[str] = field(
+        default=frozenset(),
+        metadata=flag("--management-key", "a key /credits answers (repeatable); any other gets 403, as on OpenRouter"),
+    )
+    workspace_budget_usd: float | None = field(
+        default=None,
+        metadata=flag("--workspace-budget", "a workspace/guardrail budget in USD: once usage reaches it, 403"),
+    )
+    leading_space_rate: float = field(
+        default=0.25,
+        metadata=flag(
+            help="share of prompts whose reasoning and content start with a space, as some Kimi providers send them"
+            " (not applied to a model-backed generator, whose text is the model's own output)"
+        ),
+    )
+    key_label: str = field(default="sk-or-v1-sim...sim", metadata=flag(help="the label /key shows"))
+    tokenizer_dir: Path = field(
+        default_factory=tokenizer_dir,
+        metadata=flag(
+            help="folder or Hub repo id (default: $EAGLE_FORGE_TOKENIZER, else bundled)", parse=tokenizer_dir, show=str
+        ),
+    )
+    model_slug: str = field(default=MODEL_SLUG, metadata=flag(help="the model id a request must name"))
+    model_permaslug: str = field(default=MODEL_PERMASLUG, metadata=flag(help="the model id answers carry"))
+    providers: tuple[ProviderEndpoint, ...] = field(
+        default=DEFAULT_PROVIDERS,
+        metadata=flag(
+            "--providers-json",
+            "JSON list of ProviderEndpoint objects replacing the defaults",
+            parse=providers_from_json,
+            show=providers_to_json,
+        ),
+    )
+    latency: LatencyConfig = field(
+        default_factory=LatencyConfig,
+        metadata=group(
+            aliases=(
+                Alias(
+                    "--latency-lognormal",
+                    ("median_s", "sigma"),
+                    "a lognormal latency around MEDIAN seconds",
+                    ("MEDIAN", "SIGMA"),
+                ),
+            )
+        ),
+    )
+    faults: FaultConfig = field(
+        default_factory=FaultConfig,
+        metadata=group("--fault", "a FaultConfig field, e.g. rate_limit=0.05 or stall_seconds=5"),
+    )
+    mean_completion_tokens: int = field(default=300, metadata=flag(help="mean length of a templated completion"))
+    tool_call_probability: float = field(default=0.5, metadata=flag(help="share of templated answers with tools"))
+    generation_404_ms: float = field(
+        default=0.0, metadata=flag(help="/generation answers 404 for this long after completion")
+    )
+    generation_id_header: bool = field(
+        default=True,
+        metadata=flag(
+            "--no-generation-id-header",
+            "answer without X-Generation-Id, as older recordings (OpenRouter's answers carry it since 2026)",
+        ),
+    )
+    plain_head_first: bool = field(
+        default=True,
+        metadata=flag(
+            "--plain-body-at-end",
+            "non-streaming answers come whole at the end (no early head, no whitespace padding); by default the"
+            " head (200 and the id header) goes at once and whitespace pads while the model runs, as on OpenRouter",
+        ),
+    )
+    request_wide_400: str | None = field(
+        default=None,
+        metadata=flag(
+            help="answer every chat request with a 400 of this message, as for a parameter the endpoint refuses"
+            ' ("Reasoning is mandatory for this endpoint and cannot be disabled."); settable at runtime',
+            metavar="MESSAGE",
+        ),
+    )
+    cache_size: int = field(default=16_384, metadata=flag(help="prepared responses kept (LRU)"))
+    max_generations_kept: int = field(default=200_000, metadata=flag(help="/generation records kept (oldest dropped)"))
+    backlog: int = field(default=8192, metadata=flag(help="the listening socket's backlog"))
+    state_flush_interval_s: float = field(
+        default=0.25, metadata=flag("--state-flush-interval", "billing is written behind, at most this stale")
+    )
+    stream_chunks: int = field(default=12, metadata=flag(help="content deltas per streamed part (reasoning, content)"))
+    usage_chunk_with_choice_rate: float = field(
+        default=0.72,
+        metadata=flag(
+            help="share of streams whose usage chunk repeats the finish choice (395 of 545 recorded); the rest send"
+            " choices: []"
+        ),
+    )
+    processing_comment_interval_s: float = field(
+        default=1.0, metadata=flag("--processing-comment-interval", "seconds between keep-alives while generating")
+    )
+    tiny_target_dir: Path | None = field(
+        default=None,
+        metadata=flag(
+            "--tiny-target",
+            "answer with the greedy output of the tiny target at DIR (eagle_assets.target.tiny; built there when"
+            " --tiny-target-seed is given) instead of templated text",
+            metavar="DIR",
+        ),
+    )
+    tiny_target_max_batch: int = field(default=32, metadata=flag(help="requests decoded together in one batch"))
 
     def __post_init__(self) -> None:
         if not is_loopback_host(self.host):
@@ -212,3 +311,8 @@ class SimulatorConfig:
             raise ValueError("leading_space_rate must be in [0, 1]")
         if not 0.0 <= self.usage_chunk_with_choice_rate <= 1.0:
             raise ValueError("usage_chunk_with_choice_rate must be in [0, 1]")
+
+
+def config_to_args(config: SimulatorConfig) -> list[str]:
+    """Flags that make ``python -m resources.simulator`` serve by ``config`` (settings at their default left out)."""
+    return flags_of(config)

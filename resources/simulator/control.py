@@ -16,14 +16,14 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
 import orjson
 
-from resources.simulator.config import DEFAULT_PROVIDERS, SimulatorConfig
+from resources.simulator.config import SimulatorConfig, config_to_args
 from resources.simulator.faults import FaultConfig
 from resources.simulator.responses import ResponseGenerator
 from resources.simulator.server import RunningServer, SimulatorState, start_server
@@ -137,77 +137,6 @@ def run_simulator_in_thread(
 
 # --------------------------------------------------------------------------------------------
 # Child process
-
-
-def config_to_args(config: SimulatorConfig) -> list[str]:
-    """CLI flags reproducing ``config`` for ``python -m resources.simulator``."""
-    d = SimulatorConfig()
-    args = [
-        "--host",
-        config.host,
-        "--port",
-        str(config.port),
-        "--seed",
-        str(config.seed),
-        "--credits",
-        repr(config.credits),
-    ]
-    if config.state_file is not None:
-        args += ["--state-file", str(config.state_file)]
-    for key in sorted(config.accepted_keys or ()):
-        args += ["--key", key]
-    for key in sorted(config.management_keys):
-        args += ["--management-key", key]
-    if config.unlimited_key:
-        args.append("--unlimited-key")
-    if not config.generation_id_header:
-        args.append("--no-generation-id-header")
-    if not config.plain_head_first:
-        args.append("--plain-body-at-end")
-    if config.request_wide_400 is not None:
-        args += ["--request-wide-400", config.request_wide_400]
-    if config.workspace_budget_usd is not None:
-        args += ["--workspace-budget", repr(config.workspace_budget_usd)]
-    simple = [
-        ("key_label", "--key-label"),
-        ("tokenizer_dir", "--tokenizer-dir"),
-        ("mean_completion_tokens", "--mean-completion-tokens"),
-        ("tool_call_probability", "--tool-call-probability"),
-        ("generation_404_ms", "--generation-404-ms"),
-        ("cache_size", "--cache-size"),
-        ("backlog", "--backlog"),
-        ("stream_chunks", "--stream-chunks"),
-        ("state_flush_interval_s", "--state-flush-interval"),
-        ("tiny_target_dir", "--tiny-target"),
-        ("tiny_target_max_batch", "--tiny-target-max-batch"),
-        ("leading_space_rate", "--leading-space-rate"),
-        ("usage_chunk_with_choice_rate", "--usage-chunk-with-choice-rate"),
-    ]
-    for name, flag in simple:
-        value = getattr(config, name)
-        if value != getattr(d, name):
-            args += [flag, str(value)]
-    lat = config.latency
-    if lat.median_s is not None:
-        args += [
-            "--latency-lognormal",
-            repr(lat.median_s),
-            repr(lat.sigma),
-            "--latency-min",
-            repr(lat.min_s),
-            "--latency-max",
-            repr(lat.max_s),
-        ]
-    elif lat.fixed_s:
-        args += ["--latency-fixed", repr(lat.fixed_s)]
-    default_faults = FaultConfig()
-    for f in fields(FaultConfig):
-        value = getattr(config.faults, f.name)
-        if value != getattr(default_faults, f.name):
-            args += ["--fault", f"{f.name}={'none' if value is None else value}"]
-    if config.providers != DEFAULT_PROVIDERS:
-        args += ["--providers-json", orjson.dumps([p.__dict__ for p in config.providers]).decode()]
-    return args
 
 
 def _http_json(url: str, payload: Any | None = None, timeout: float = 10.0) -> Any:

@@ -10,8 +10,10 @@ import dataclasses
 import random
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from resources.simulator.flags import flag
 
 # Draw order is part of reproducibility: do not reorder without reason.
 FAULT_NAMES: tuple[str, ...] = (
@@ -63,11 +65,19 @@ class FaultConfig:
     whitespace_padding: float = 0.0
     disallowed_provider: float = 0.0
     inflight_402: float = 0.0
-    retry_after_s: float = 1.0  # the Retry-After of fault 429s and admit-rate 429s
-    stall_seconds: float = 60.0
-    admit_rate_per_s: float | None = None  # token-bucket admission; None = unlimited
-    admit_burst: float | None = None  # bucket size; None = max(1, admit_rate_per_s)
-    admit_retry_after: bool = True  # whether admit-rate 429s carry Retry-After
+    retry_after_s: float = field(
+        default=1.0, metadata=flag("--retry-after", "the Retry-After seconds of fault 429s and admit-rate 429s")
+    )
+    stall_seconds: float = field(default=60.0, metadata=flag("--stall-seconds", "how long a stall fault holds"))
+    admit_rate_per_s: float | None = field(
+        default=None, metadata=flag("--admit-rate", "token-bucket admissions per second (default: unlimited)")
+    )
+    admit_burst: float | None = field(
+        default=None, metadata=flag("--admit-burst", "the bucket's size (default: max(1, admit rate))")
+    )
+    admit_retry_after: bool = field(
+        default=True, metadata=flag("--admit-no-retry-after", "admit-rate 429s without Retry-After")
+    )
     bill_truncated_json: bool = True  # the upstream finished, so OpenRouter bills it
 
     def __post_init__(self) -> None:
