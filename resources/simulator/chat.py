@@ -21,8 +21,14 @@ from aiohttp import web
 from resources.simulator.chat_plain import PlainAnswer
 from resources.simulator.chat_stream import StreamAnswer
 from resources.simulator.config import ProviderEndpoint, SimulatorConfig
-from resources.simulator.faults import EARLY_FAULTS, FAULT_NAMES
-from resources.simulator.responses import ChatRequest, ResponseGenerator, _text_of, request_content_hash
+from resources.simulator.faults import EARLY_FAULTS, FAULT_NAMES, FaultConfig
+from resources.simulator.responses import (
+    ChatRequest,
+    PreparedResponse,
+    ResponseGenerator,
+    _text_of,
+    request_content_hash,
+)
 from resources.simulator.routing import _names, requested_parameters, route
 from resources.simulator.state import SimulatorState
 from resources.simulator.wire import BadRequest, error_body, seconds_header
@@ -135,16 +141,9 @@ class ChatCompletions(PlainAnswer, StreamAnswer):
         started = time.monotonic()
         state = self.state
         faults = state.faults
-        if not self._authorized(request):
-            return self._unauthorized()
-        bucket = state.bucket
-        if bucket is not None and not bucket.try_take():
-            state.stats.admit_rejected += 1
-            headers = {"Retry-After": seconds_header(faults.retry_after_s)} if faults.admit_retry_after else None
-            return self._answer(
-                429, "admit_rejected", error_body(429, "Rate limit exceeded: too many requests"), headers
-            )
-        state.stats.admitted += 1
+        refused = self._refused_at_the_door(request, faults)
+        if refused is not None:
+            return refused
         try:
             raw = await request.read()
             req, marker, stream, exclude, prefs, params = self._parse(orjson.loads(raw))
@@ -155,39 +154,11 @@ class ChatCompletions(PlainAnswer, StreamAnswer):
         if state.request_wide_error is not None:
             # The request itself is refused, whatever the prompt (a parameter the endpoint will not take).
             return self._answer(400, "request_wide_400", error_body(400, state.request_wide_error))
-
         forced_fault: str | None = None
         if marker is not None:
-            if marker == "400":
-                return self._answer(
-                    400,
-                    "bad_request",
-                    error_body(
-                        400, "Provider returned error: invalid request", {"provider_name": None, "raw": "simulated 400"}
-                    ),
-                )
-            if marker == "403guardrail":
-                return self._answer(
-                    403,
-                    "guardrail_blocked",
-                    error_body(403, "Request blocked: prompt injection patterns detected"),
-                )
-            if marker == "403":
-                return self._answer(
-                    403,
-                    "moderation",
-                    error_body(
-                        403,
-                        f"{self.config.model_slug} requires moderation on OpenRouter. Your input was flagged for"
-                        ' "violence"',
-                        {
-                            "reasons": ["violence"],
-                            "flagged_input": "[[sim:403]]",
-                            "provider_name": "Moderation",
-                            "model_slug": self.config.model_slug,
-                        },
-                    ),
-                )
+            marked = self._marked_refusal(marker)
+            if marked is not None:
+                return marked
             if marker.startswith("fault=") and marker[6:] in FAULT_NAMES:
                 forced_fault = marker[6:]
 
@@ -213,25 +184,85 @@ class ChatCompletions(PlainAnswer, StreamAnswer):
                 prepared = await self._prepare_off_loop(req, exclude)
         except ValueError as exc:  # the chat template could not render the prompt (PromptRenderError)
             return self._answer(400, "bad_request", error_body(400, f"Provider returned error: {exc}"))
-        reserve_tokens = req.max_tokens if req.max_tokens is not None else provider.max_completion_tokens
-        needed = prepared.prompt_tokens * provider.prompt_price + reserve_tokens * provider.completion_price
-        if state.account.remaining < needed:
-            spare = max(0.0, state.account.remaining - prepared.prompt_tokens * provider.prompt_price)
-            affordable = int(spare / provider.completion_price) if provider.completion_price > 0 else 0
-            return self._answer(
-                402,
-                "insufficient_credits",
-                error_body(
-                    402,
-                    f"This request requires more credits, or fewer max_tokens. You requested up to {reserve_tokens} "
-                    f"tokens, but can only afford {affordable}. To increase, visit "
-                    "https://openrouter.ai/settings/credits and add more credits",
-                    {"limit_source": "openrouter_credits"},
-                ),
-            )
+        unaffordable = self._unaffordable(req, prepared, provider)
+        if unaffordable is not None:
+            return unaffordable
 
         if fault in EARLY_FAULTS:
             return self._early_fault(fault, faults, provider)
         if stream:
             return await self._stream(request, req, prepared, provider, fault, started)
         return await self._complete(request, req, prepared, provider, fault, started)
+
+    def _refused_at_the_door(self, request: web.Request, faults: FaultConfig) -> web.Response | None:
+        """401 without a key the account accepts, 429 when the admission bucket is empty; else admitted."""
+        if not self._authorized(request):
+            return self._unauthorized()
+        state = self.state
+        bucket = state.bucket
+        if bucket is not None and not bucket.try_take():
+            state.stats.admit_rejected += 1
+            headers = {"Retry-After": seconds_header(faults.retry_after_s)} if faults.admit_retry_after else None
+            return self._answer(
+                429, "admit_rejected", error_body(429, "Rate limit exceeded: too many requests"), headers
+            )
+        state.stats.admitted += 1
+        return None
+
+    def _marked_refusal(self, marker: str) -> web.Response | None:
+        """The refusal a ``[[sim:...]]`` marker in the prompt asks for (a 400 or a 403), if any."""
+        if marker == "400":
+            return self._answer(
+                400,
+                "bad_request",
+                error_body(
+                    400, "Provider returned error: invalid request", {"provider_name": None, "raw": "simulated 400"}
+                ),
+            )
+        if marker == "403guardrail":
+            return self._answer(
+                403,
+                "guardrail_blocked",
+                error_body(403, "Request blocked: prompt injection patterns detected"),
+            )
+        if marker == "403":
+            slug = self.config.model_slug
+            return self._answer(
+                403,
+                "moderation",
+                error_body(
+                    403,
+                    f'{slug} requires moderation on OpenRouter. Your input was flagged for "violence"',
+                    {
+                        "reasons": ["violence"],
+                        "flagged_input": "[[sim:403]]",
+                        "provider_name": "Moderation",
+                        "model_slug": slug,
+                    },
+                ),
+            )
+        return None
+
+    def _unaffordable(
+        self, req: ChatRequest, prepared: PreparedResponse, provider: ProviderEndpoint
+    ) -> web.Response | None:
+        """402 when the credits left cannot pay for the prompt and ``max_tokens`` of output, worded as OpenRouter
+        words it (how many tokens they would pay for)."""
+        remaining = self.state.account.remaining
+        reserve_tokens = req.max_tokens if req.max_tokens is not None else provider.max_completion_tokens
+        needed = prepared.prompt_tokens * provider.prompt_price + reserve_tokens * provider.completion_price
+        if remaining >= needed:
+            return None
+        spare = max(0.0, remaining - prepared.prompt_tokens * provider.prompt_price)
+        affordable = int(spare / provider.completion_price) if provider.completion_price > 0 else 0
+        return self._answer(
+            402,
+            "insufficient_credits",
+            error_body(
+                402,
+                f"This request requires more credits, or fewer max_tokens. You requested up to {reserve_tokens} "
+                f"tokens, but can only afford {affordable}. To increase, visit "
+                "https://openrouter.ai/settings/credits and add more credits",
+                {"limit_source": "openrouter_credits"},
+            ),
+        )

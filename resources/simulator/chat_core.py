@@ -14,6 +14,7 @@ import itertools
 import secrets
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -36,6 +37,24 @@ from resources.simulator.wire import answer, authorized, error_body, seconds_hea
 
 PROCESSING = b": OPENROUTER PROCESSING\n\n"
 _SPACE_DRAW = 1 << 32
+
+
+@dataclass(slots=True)
+class Attempt:
+    """One answer under way, once its generation id exists: what each record of it for /generation shares.
+
+    It is recorded at most once (``recorded``): an answer settled before its client went away must not
+    be billed again by the disconnect that follows.
+    """
+
+    gen_id: str
+    req: ChatRequest
+    prepared: PreparedResponse
+    provider: ProviderEndpoint
+    started: float
+    streamed: bool
+    billable: bool
+    recorded: bool = False
 
 
 class ChatCore:
@@ -209,6 +228,56 @@ class ChatCore:
         if fault == "truncated_json" and not self.state.faults.bill_truncated_json:
             return False
         return prepared.completion_tokens > 0
+
+    def _attempt(
+        self,
+        req: ChatRequest,
+        prepared: PreparedResponse,
+        provider: ProviderEndpoint,
+        fault: str | None,
+        started: float,
+        *,
+        streamed: bool,
+    ) -> Attempt:
+        return Attempt(self._new_id(), req, prepared, provider, started, streamed, self._billable(fault, prepared))
+
+    def _record(
+        self,
+        attempt: Attempt,
+        completion_tokens: int,
+        reasoning_tokens: int,
+        finish_reason: str,
+        *,
+        billed: bool,
+        cancelled: bool = False,
+        generation_s: float | None = None,
+    ) -> float:
+        """Make the attempt known to /generation, billed or not; the cost charged (0 if nothing).
+
+        ``generation_s`` None: the time since the request arrived (an attempt cut short).
+        """
+        attempt.recorded = True
+        started = attempt.started
+        return self.state.record_generation(
+            attempt.gen_id,
+            attempt.req.content_hash,
+            attempt.provider,
+            attempt.prepared.prompt_tokens,
+            completion_tokens,
+            reasoning_tokens,
+            finish_reason,
+            billed=billed,
+            streamed=attempt.streamed,
+            cancelled=cancelled,
+            started=started,
+            generation_s=time.monotonic() - started if generation_s is None else generation_s,
+        )
+
+    def _count_200(self, outcome: str) -> None:
+        """Count an answer whose status went out as 200, whatever its body turned out to be."""
+        st = self.state.stats
+        st.by_outcome[outcome] += 1
+        st.by_status["200"] += 1
 
     def _body(
         self, gen_id: str, provider: ProviderEndpoint, choice: dict[str, Any], usage: dict[str, Any]

@@ -7,12 +7,11 @@ bills it: the upstream generation ran to the end regardless.
 """
 
 import asyncio
-import time
 
 import orjson
 from aiohttp import web
 
-from resources.simulator.chat_core import ChatCore
+from resources.simulator.chat_core import Attempt, ChatCore
 from resources.simulator.config import ProviderEndpoint
 from resources.simulator.responses import ChatRequest, PreparedResponse
 from resources.simulator.wire import JSON, error_body
@@ -31,44 +30,9 @@ class PlainAnswer(ChatCore):
         fault: str | None,
         started: float,
     ) -> web.StreamResponse:
-        state = self.state
-        gen_id = self._new_id()
-        billable = self._billable(fault, prepared)
+        attempt = self._attempt(req, prepared, provider, fault, started, streamed=False)
         delay = self._latency(fault)
-        # Errors decided before any provider ran come whole, with their own status; every other answer
-        # starts with its head (200 and the generation id) and pads with whitespace while "generating".
-        resp: web.StreamResponse | None = None
-        try:
-            if self.config.plain_head_first and fault not in _WHOLE_ANSWERS:
-                resp = web.StreamResponse(headers={"Content-Type": JSON, **self._id_header(gen_id)})
-                await resp.prepare(request)
-                await self._sleep_with_padding(resp, delay)
-            elif delay > 0:
-                await asyncio.sleep(delay)
-        except (asyncio.CancelledError, ConnectionError):
-            # The client gave up: OpenRouter still bills a non-streaming request in full, because
-            # the upstream generation ran to the end regardless. Once the head named the generation,
-            # /generation knows it even when nothing is billed (a fault without output, at 0): a client
-            # that noted the id must be able to settle it.
-            if (billable or resp is not None) and not state.stopping:
-                state.record_generation(
-                    gen_id,
-                    req.content_hash,
-                    provider,
-                    prepared.prompt_tokens,
-                    prepared.completion_tokens if billable else 0,
-                    prepared.reasoning_tokens if billable else 0,
-                    prepared.finish_reason,
-                    billed=billable,
-                    streamed=False,
-                    cancelled=True,
-                    started=started,
-                    generation_s=time.monotonic() - started,
-                )
-                if billable:
-                    state.stats.by_outcome["abandoned"] += 1
-            raise
-        headers = self._id_header(gen_id) or None
+        resp = await self._plain_wait(request, attempt, fault, delay)
         if fault == "server_error":
             return self._server_error(provider)
         if fault == "timeout_408":
@@ -82,125 +46,129 @@ class PlainAnswer(ChatCore):
         if fault == "drop_connection":
             if resp is not None:
                 # The head named the generation: /generation knows the attempt (unbilled: no answer).
-                state.record_generation(
-                    gen_id,
-                    req.content_hash,
-                    provider,
-                    prepared.prompt_tokens,
-                    0,
-                    0,
-                    prepared.finish_reason,
-                    billed=False,
-                    streamed=False,
-                    cancelled=True,
-                    started=started,
-                    generation_s=time.monotonic() - started,
-                )
+                self._record(attempt, 0, 0, prepared.finish_reason, billed=False, cancelled=True)
             return await self._drop(request)
         if fault == "error_body":
-            code: int | str = (502, "502", 503)[state.picker.randrange(3)]
-            payload = error_body(
-                code,
-                "Upstream error from provider",
-                {"provider_name": provider.name, "raw": "connection reset", "error_type": "provider_error"},
-            )
-            if resp is None:
-                return self._answer(200, fault, payload, headers)
-            # The head named the generation: /generation knows it (no output, not billed).
-            state.record_generation(
-                gen_id,
-                req.content_hash,
-                provider,
-                prepared.prompt_tokens,
-                0,
-                0,
-                "error",
-                billed=False,
-                streamed=False,
-                cancelled=False,
-                started=started,
-                generation_s=delay,
-            )
-            return await self._finish(resp, fault, orjson.dumps(payload))
+            return await self._plain_error_body(attempt, resp, delay)
         if fault == "finish_error":
-            partial = prepared.content[: len(prepared.content) // 2]
-            done_tokens = prepared.completion_tokens // 2
-            state.record_generation(
-                gen_id,
-                req.content_hash,
-                provider,
-                prepared.prompt_tokens,
-                done_tokens,
-                prepared.reasoning_tokens,
-                "error",
-                billed=True,  # output was produced: only zero-completion answers are free
-                streamed=False,
-                cancelled=False,
-                started=started,
-                generation_s=delay,
-            )
-            # The recorded shape says ``cost: 0`` beside the partial output; /generation has what was billed.
-            message = {**prepared.message, "content": partial}
-            message.pop("tool_calls", None)
-            body = self._body(
-                gen_id,
-                provider,
-                {
-                    "logprobs": None,
-                    "finish_reason": "error",
-                    "native_finish_reason": "error",
-                    "index": 0,
-                    "message": message,
-                    "error": {
-                        "code": 502,
-                        "message": "Provider disconnected mid-generation",
-                        "metadata": {"provider_name": provider.name},
-                    },
-                },
-                self._usage(prepared.prompt_tokens, done_tokens, prepared.reasoning_tokens, 0.0),
-            )
-            if resp is None:
-                return self._answer(200, fault, body, headers)
-            return await self._finish(resp, fault, orjson.dumps(body))
+            return await self._plain_finish_error(attempt, resp, delay)
+        return await self._plain_completion(attempt, resp, fault, delay)
 
-        cost = state.record_generation(
-            gen_id,
-            req.content_hash,
+    async def _plain_wait(
+        self, request: web.Request, attempt: Attempt, fault: str | None, delay: float
+    ) -> web.StreamResponse | None:
+        """Wait out the latency: errors decided before any provider ran come whole afterwards, with their own
+        status (None); every other answer starts with its head (200 and the generation id), returned here,
+        and pads with whitespace while "generating"."""
+        resp: web.StreamResponse | None = None
+        try:
+            if self.config.plain_head_first and fault not in _WHOLE_ANSWERS:
+                resp = web.StreamResponse(headers={"Content-Type": JSON, **self._id_header(attempt.gen_id)})
+                await resp.prepare(request)
+                await self._sleep_with_padding(resp, delay)
+            elif delay > 0:
+                await asyncio.sleep(delay)
+        except (asyncio.CancelledError, ConnectionError):
+            self._plain_abandoned(attempt, head_sent=resp is not None)
+            raise
+        return resp
+
+    def _plain_abandoned(self, attempt: Attempt, *, head_sent: bool) -> None:
+        """The client gave up: OpenRouter still bills a non-streaming request in full, because the upstream
+        generation ran to the end regardless. Once the head named the generation, /generation knows it even
+        when nothing is billed (a fault without output, at 0): a client that noted the id must be able to
+        settle it."""
+        if self.state.stopping or not (attempt.billable or head_sent):
+            return
+        billed = attempt.billable
+        prepared = attempt.prepared
+        self._record(
+            attempt,
+            prepared.completion_tokens if billed else 0,
+            prepared.reasoning_tokens if billed else 0,
+            prepared.finish_reason,
+            billed=billed,
+            cancelled=True,
+        )
+        if billed:
+            self.state.stats.by_outcome["abandoned"] += 1
+
+    async def _plain_error_body(
+        self, attempt: Attempt, resp: web.StreamResponse | None, delay: float
+    ) -> web.StreamResponse:
+        """A 200 whose body is an error object."""
+        code: int | str = (502, "502", 503)[self.state.picker.randrange(3)]
+        payload = error_body(
+            code,
+            "Upstream error from provider",
+            {"provider_name": attempt.provider.name, "raw": "connection reset", "error_type": "provider_error"},
+        )
+        if resp is None:
+            return self._answer(200, "error_body", payload, self._id_header(attempt.gen_id) or None)
+        # The head named the generation: /generation knows it (no output, not billed).
+        self._record(attempt, 0, 0, "error", billed=False, generation_s=delay)
+        return await self._finish(resp, "error_body", orjson.dumps(payload))
+
+    async def _plain_finish_error(
+        self, attempt: Attempt, resp: web.StreamResponse | None, delay: float
+    ) -> web.StreamResponse:
+        """Half the content, then the provider failed: a choice with ``finish_reason: error``."""
+        prepared, provider = attempt.prepared, attempt.provider
+        done_tokens = prepared.completion_tokens // 2
+        # Billed: output was produced, and only zero-completion answers are free.
+        self._record(attempt, done_tokens, prepared.reasoning_tokens, "error", billed=True, generation_s=delay)
+        # The recorded shape says ``cost: 0`` beside the partial output; /generation has what was billed.
+        message = {**prepared.message, "content": prepared.content[: len(prepared.content) // 2]}
+        message.pop("tool_calls", None)
+        body = self._body(
+            attempt.gen_id,
             provider,
-            prepared.prompt_tokens,
+            {
+                "logprobs": None,
+                "finish_reason": "error",
+                "native_finish_reason": "error",
+                "index": 0,
+                "message": message,
+                "error": {
+                    "code": 502,
+                    "message": "Provider disconnected mid-generation",
+                    "metadata": {"provider_name": provider.name},
+                },
+            },
+            self._usage(prepared.prompt_tokens, done_tokens, prepared.reasoning_tokens, 0.0),
+        )
+        if resp is None:
+            return self._answer(200, "finish_error", body, self._id_header(attempt.gen_id) or None)
+        return await self._finish(resp, "finish_error", orjson.dumps(body))
+
+    async def _plain_completion(
+        self, attempt: Attempt, resp: web.StreamResponse | None, fault: str | None, delay: float
+    ) -> web.StreamResponse:
+        """The whole answer, billed; truncated or padded by the faults that damage only its body."""
+        prepared = attempt.prepared
+        cost = self._record(
+            attempt,
             prepared.completion_tokens,
             prepared.reasoning_tokens,
             prepared.finish_reason,
-            billed=billable,
-            streamed=False,
-            cancelled=False,
-            started=started,
+            billed=attempt.billable,
             generation_s=delay,
         )
-        body = self._body(
-            gen_id,
-            provider,
-            prepared.choice,
-            self._usage(prepared.prompt_tokens, prepared.completion_tokens, prepared.reasoning_tokens, cost),
-        )
-        data = orjson.dumps(body)
-        outcome = "ok" if fault is None else fault
+        usage = self._usage(prepared.prompt_tokens, prepared.completion_tokens, prepared.reasoning_tokens, cost)
+        data = orjson.dumps(self._body(attempt.gen_id, attempt.provider, prepared.choice, usage))
         if fault == "truncated_json":
             data = data[: len(data) // 2]
         elif fault == "whitespace_padding":
-            data = (b"\n", b"\n\n", b"   \n", b"\n \n  ")[state.picker.randrange(4)] + data
+            data = (b"\n", b"\n\n", b"   \n", b"\n \n  ")[self.state.picker.randrange(4)] + data
+        outcome = "ok" if fault is None else fault
         if resp is not None:
             return await self._finish(resp, outcome, data)
-        st = state.stats
-        st.by_outcome[outcome] += 1
-        st.by_status["200"] += 1
-        return web.Response(body=data, content_type=JSON, headers=headers)
+        self._count_200(outcome)
+        return web.Response(body=data, content_type=JSON, headers=self._id_header(attempt.gen_id) or None)
 
     async def _finish(self, resp: web.StreamResponse, outcome: str, data: bytes) -> web.StreamResponse:
         """The body after an early head and its padding."""
-        st = self.state.stats
-        st.by_outcome[outcome] += 1
-        st.by_status["200"] += 1
+        self._count_200(outcome)
         await resp.write(data)
         await resp.write_eof()
         return resp
