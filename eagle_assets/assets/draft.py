@@ -23,6 +23,16 @@ from eagle_assets.assets.failures import fail, project_errors_fail
 from eagle_assets.assets.hidden_state_checks import fidelity_failures
 from eagle_assets.assets.hidden_states import GPU_POOL, GPU_TAGS, HIDDEN_STATES_KEY, hidden_states_root
 from eagle_assets.corpus.tokenized_schema import EOT_ID
+from eagle_assets.draft.run_config import (
+    DraftRunConfig,
+    EmbeddingsSpec,
+    ExportSpec,
+    StoreData,
+    TargetSpec,
+    TrainConfig,
+    TrainKnobs,
+    VocabSpec,
+)
 from eagle_assets.k8s_placement import gpu_step_tags
 from resources.serving.resource import ServingEngineResource
 from resources.target.resource import TargetModelResource
@@ -33,21 +43,20 @@ BENCHMARK_KEY = dg.AssetKey(["draft_benchmark"])
 DRAFT_TAGS = {**GPU_TAGS, "eagle-forge/stage": "draft"}
 
 
-class DraftTrainConfig(dg.Config):
+class DraftTrainConfig(dg.Config, TrainKnobs):
+    """The trainer's knobs (``TrainKnobs``: names, bounds and defaults are written there once) plus the platform's.
+
+    ``train_run_config`` turns it into the run file the training process validates back
+    (``eagle_assets/draft/run_config.py``). The field set and defaults also name the run directory
+    (``run_identity``), so a renamed field or changed default starts a new run instead of resuming.
+    """
+
     draft_vocab_size: int = Field(32000, ge=16, description="reduced draft vocabulary (most frequent corpus tokens)")
-    epochs: int = Field(1, ge=1)
-    max_steps: int = Field(0, ge=0, description="0: epochs × steps per epoch")
-    lr: float = Field(1e-4, gt=0)
-    warmup_ratio: float = Field(0.015, ge=0, lt=1)
-    batch_size: int = Field(1, ge=1, description="rows per rank per micro-batch")
-    grad_accum: int = Field(1, ge=1)
-    grad_clip: float = Field(0.5, gt=0)
-    ttt_steps: int = Field(7, ge=1, description="training-time-test unroll K")
-    step_weight: float = Field(0.8, gt=0, le=1, description="loss weight decay per TTT step")
     max_length: int = Field(4096, ge=0, description="truncate samples (0: never)")
-    checkpoint_every: int = Field(200, ge=0)
+    # A re-materialization resumes from the last checkpoint, so the platform keeps some on the way (the trainer's
+    # default: only at the end).
+    checkpoint_every: int = Field(200, ge=0, description="steps between checkpoints (0: only at the end)")
     log_every: int = Field(10, ge=1)
-    seed: int = 0
     nproc_per_node: int = Field(0, ge=0, description="DDP processes (0: one per visible GPU, at least one)")
 
 
@@ -120,38 +129,27 @@ def publish_export(export: Path, latest: Path) -> None:
 
 def train_run_config(
     config: DraftTrainConfig, model_dir: Path, keys: list[str], layers: list[int], out: Path
-) -> dict[str, object]:
-    return {
-        "seed": config.seed,
-        "target": {"path": str(model_dir), "last_kind": "post_norm"},
-        "draft_vocab_size": config.draft_vocab_size,
-        "aux_layer_ids": layers,
-        "embeddings": {"kind": "target"},
-        "vocab": {"kind": "from_data", "force_ids": [EOT_ID]},
-        "data": {
-            "kind": "store",
-            "path": str(hidden_states_root()),
-            "reader": "eagle_assets.hidden_states.store_set:StoreSet",
-            "reader_kwargs": {"partitions": keys},
-            "max_length": config.max_length or None,
-        },
-        "train": {
-            "lr": config.lr,
-            "epochs": config.epochs,
-            "max_steps": config.max_steps,
-            "warmup_ratio": config.warmup_ratio,
-            "batch_size": config.batch_size,
-            "grad_accum": config.grad_accum,
-            "grad_clip": config.grad_clip,
-            "ttt_steps": config.ttt_steps,
-            "step_weight": config.step_weight,
-            "checkpoint_every": config.checkpoint_every,
-            "seed": config.seed,
-        },
-        "output_dir": str(out),
-        "export": {"dtype": "bfloat16"},
-        "log_every": config.log_every,
-    }
+) -> DraftRunConfig:
+    """The run file of ``draft_model``: the user's knobs go to the trainer by name, the rest is the platform's."""
+    return DraftRunConfig(
+        seed=config.seed,
+        target=TargetSpec(path=str(model_dir), last_kind="post_norm"),
+        draft_vocab_size=config.draft_vocab_size,
+        aux_layer_ids=layers,
+        embeddings=EmbeddingsSpec(kind="target"),
+        vocab=VocabSpec(kind="from_data", force_ids=[EOT_ID]),
+        data=StoreData(
+            kind="store",
+            path=str(hidden_states_root()),
+            reader="eagle_assets.hidden_states.store_set:StoreSet",
+            reader_kwargs={"partitions": keys},
+            max_length=config.max_length or None,
+        ),
+        train=TrainConfig(**{name: getattr(config, name) for name in TrainKnobs.model_fields}),
+        output_dir=str(out),
+        export=ExportSpec(dtype="bfloat16"),
+        log_every=config.log_every,
+    )
 
 
 def training_command(config_path: Path, nproc: int) -> list[str]:
@@ -198,7 +196,7 @@ def draft_model(
     out = draft_runs_dir() / run_identity(target.model_id(), shards, config)
     out.mkdir(parents=True, exist_ok=True)
     cfg = train_run_config(config, target.model_dir(), keys, list(store.meta.layers.hf_indices), out)
-    (out / "run.json").write_text(json.dumps(cfg, indent=2))
+    (out / "run.json").write_text(cfg.model_dump_json(indent=2))
     import torch
 
     nproc = config.nproc_per_node or max(1, torch.cuda.device_count())

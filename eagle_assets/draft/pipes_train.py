@@ -17,6 +17,7 @@ from typing import Any
 from dagster_pipes import DAGSTER_PIPES_CONTEXT_ENV_VAR, open_dagster_pipes
 
 from eagle_assets.draft import distributed as du
+from eagle_assets.draft.run_config import DraftRunConfig
 from eagle_assets.draft.train import StepMetrics
 from eagle_assets.draft.train_cli import main as train_cli_main
 from eagle_assets.draft.train_cli import run
@@ -74,7 +75,7 @@ def training_metadata(history: Sequence[dict[str, Any]], export_dir: Path) -> di
     }
 
 
-def train_and_report(cfg: dict[str, Any]) -> None:
+def train_and_report(cfg: DraftRunConfig) -> None:
     """Rank 0 inside a Pipes process reports to Dagster; every other case trains as ``train_cli`` does."""
     if du.current().is_main and DAGSTER_PIPES_CONTEXT_ENV_VAR in os.environ:
         with open_dagster_pipes() as pipes:
@@ -87,8 +88,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     return train_cli_main(argv, train=train_and_report)
 
 
-def _train_reporting(cfg: dict[str, Any], pipes: Any) -> None:
-    every = max(1, int(cfg.get("log_every", 10)))
+def _train_reporting(cfg: DraftRunConfig, pipes: Any) -> None:
+    out = cfg.out
+    if out is None:
+        raise ValueError("a training run reported to Dagster needs output_dir: its metrics and export are read there")
+    every = max(1, cfg.log_every)
 
     def on_step(m: StepMetrics) -> None:
         if m.step % every == 0 or m.step == 1:
@@ -99,7 +103,6 @@ def _train_reporting(cfg: dict[str, Any], pipes: Any) -> None:
             )
 
     run(cfg, on_step=on_step)
-    out = Path(cfg["output_dir"])
     pipes.log.info(f"exported {out / 'export'} (one folder for SGLang and vLLM)")
     pipes.report_asset_materialization(metadata=training_metadata(read_history(out / "metrics.jsonl"), out / "export"))
 

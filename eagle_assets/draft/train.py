@@ -28,7 +28,7 @@ import contextlib
 import json
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +47,7 @@ from eagle_assets.draft.checkpoint import (
 )
 from eagle_assets.draft.data import RowDataset, collate, global_batch_indices, local_slice, steps_per_epoch
 from eagle_assets.draft.model import Eagle3Draft
+from eagle_assets.draft.run_config import TrainConfig
 from eagle_assets.draft.ttt import (
     HeadFn,
     loss_mask_counts,
@@ -63,46 +64,6 @@ CHECKPOINT_VERSION = 1
 BEST = "best.pt"
 
 Features = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
-
-
-@dataclass
-class TrainConfig:
-    lr: float = 1e-4
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.95)
-    warmup_ratio: float = 0.015
-    min_lr_ratio: float = 0.0
-    epochs: int = 1
-    max_steps: int = 0  # 0: epochs × steps per epoch; sets the schedule length
-    batch_size: int = 1  # rows per rank per micro-batch
-    grad_accum: int = 1
-    grad_clip: float = 0.5
-    ttt_steps: int = 7
-    step_weight: float = 0.8
-    max_length: int = 0  # 0: no truncation
-    seed: int = 0  # shuffle seed
-    shuffle: bool = True
-    pad_id: int = 0
-    bf16: bool = True  # CUDA only
-    attn_impl: str = "auto"
-    checkpoint_every: int = 0
-    checkpoint_dir: str = ""
-    keep_checkpoints: int = 2
-    eval_every: int = 0
-    target_chunk_tokens: int = 1024
-
-    def __post_init__(self) -> None:
-        self.betas = (float(self.betas[0]), float(self.betas[1]))
-        if self.batch_size < 1 or self.grad_accum < 1 or self.ttt_steps < 1:
-            raise ValueError("batch_size, grad_accum and ttt_steps must be >= 1")
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> TrainConfig:
-        known = set(cls.__dataclass_fields__)
-        unknown = set(d) - known
-        if unknown:
-            raise ValueError(f"unknown train config keys: {sorted(unknown)}")
-        return cls(**dict(d))
 
 
 @dataclass
@@ -449,7 +410,7 @@ class Trainer:
             "rng": du.all_gather_object(rng_state()),
             "best": {"sim_tau": self.best_sim_tau, "step": self.best_step},
             "model_config": self.model.config.to_dict(),
-            "train_config": asdict(cfg),
+            "train_config": cfg.model_dump(),
             "world_size": self.dist.world_size,
         }
 

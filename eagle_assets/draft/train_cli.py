@@ -2,7 +2,8 @@
 
     torchrun --standalone --nproc_per_node=8 -m eagle_assets.draft.train_cli --config run.json
 
-The config (JSON, or YAML by suffix) names everything a run needs, so the same file reproduces it::
+The config (JSON, or YAML by suffix) names everything a run needs, so the same file reproduces it. It is a
+``DraftRunConfig`` (``run_config.py``: every key with its default; an unknown key is an error that names it)::
 
     {
       "seed": 0,                                   # draft init
@@ -43,21 +44,12 @@ from eagle_assets.draft import distributed as du
 from eagle_assets.draft.data import RowDataset, StoreDataset, SyntheticDataset, TokenDataset
 from eagle_assets.draft.export import export_draft
 from eagle_assets.draft.model import Eagle3Config, Eagle3Draft
+from eagle_assets.draft.run_config import DraftRunConfig, StoreData, SyntheticData, VocabSpec, load_config
 from eagle_assets.draft.target import HFTargetFeatures, hf_target_head, load_target_embeddings, load_target_head
-from eagle_assets.draft.train import StepMetrics, TrainConfig, Trainer
+from eagle_assets.draft.train import StepMetrics, Trainer
 from eagle_assets.draft.vocab import DraftVocab, vocab_from_samples
 
-DEFAULT_READER = "eagle_assets.hidden_states.store:HiddenStateStore"
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-
-
-def load_config(path: str | Path) -> dict[str, Any]:
-    text = Path(path).read_text()
-    if str(path).endswith((".yaml", ".yml")):
-        import yaml
-
-        return dict(yaml.safe_load(text))
-    return dict(json.loads(text))
 
 
 def _resolve(spec: str) -> Any:
@@ -72,28 +64,32 @@ def _load_hf_target(path: str, dtype: torch.dtype, device: torch.device) -> torc
     return model.to(device).eval().requires_grad_(False)
 
 
-def _model_config(cfg: Mapping[str, Any]) -> Eagle3Config:
-    if "model" in cfg:
-        return Eagle3Config.from_dict(cfg["model"])
-    target = cfg.get("target", {}).get("path")
-    if not target:
+def _target_path(cfg: DraftRunConfig) -> str:
+    if not cfg.target.path:  # DraftRunConfig refuses a run that needs the target and does not name it
+        raise ValueError("this run needs target.path")
+    return cfg.target.path
+
+
+def _model_config(cfg: DraftRunConfig) -> Eagle3Config:
+    if cfg.model is not None:
+        return Eagle3Config.from_dict(cfg.model)
+    if cfg.draft_vocab_size is None:  # DraftRunConfig refuses this too
         raise ValueError("give either 'model' or 'target.path' (+ 'draft_vocab_size')")
     from transformers import AutoConfig
 
-    ids = cfg.get("aux_layer_ids")
+    ids = cfg.aux_layer_ids
     return Eagle3Config.from_target(
-        AutoConfig.from_pretrained(target, local_files_only=True),
-        int(cfg["draft_vocab_size"]),
+        AutoConfig.from_pretrained(_target_path(cfg), local_files_only=True),
+        cfg.draft_vocab_size,
         tuple(ids) if ids else None,
     )
 
 
-def _vocab(spec: Mapping[str, Any], dataset: RowDataset, config: Eagle3Config) -> DraftVocab:
-    kind = spec.get("kind", "from_data")
-    if kind == "identity":
+def _vocab(spec: VocabSpec, dataset: RowDataset, config: Eagle3Config) -> DraftVocab:
+    if spec.kind == "identity":
         return DraftVocab.identity(config.draft_vocab_size, config.target_vocab_size)
-    if kind == "file":
-        path = Path(spec["path"])
+    if spec.kind == "file":
+        path = Path(spec.path or "")
         if path.is_dir():  # an export folder
             from safetensors.torch import load_file
 
@@ -101,74 +97,66 @@ def _vocab(spec: Mapping[str, Any], dataset: RowDataset, config: Eagle3Config) -
         else:
             d2t = torch.load(path, map_location="cpu", weights_only=True)["d2t"]
         return DraftVocab.from_d2t(d2t, config.target_vocab_size)
-    if kind == "from_data":
-        rows = (dataset[i] for i in range(len(dataset)))
-        return vocab_from_samples(rows, config.target_vocab_size, config.draft_vocab_size, spec.get("force_ids", ()))
-    raise ValueError(f"unknown vocab kind {kind!r}")
+    rows = (dataset[i] for i in range(len(dataset)))
+    return vocab_from_samples(rows, config.target_vocab_size, config.draft_vocab_size, spec.force_ids)
 
 
 def build(
-    cfg: Mapping[str, Any],
+    cfg: DraftRunConfig | Mapping[str, Any],
     device: torch.device | None = None,
     on_step: Callable[[StepMetrics], None] | None = None,
 ) -> Trainer:
     """Everything from the config, in a fixed order so that every rank builds the same run."""
+    cfg = DraftRunConfig.model_validate(cfg)
     device = device or (
         torch.device("cuda", du.current().local_rank) if torch.cuda.is_available() else torch.device("cpu")
     )
     config = _model_config(cfg)
-    data = cfg["data"]
-    target = cfg.get("target", {})
-    train_cfg = dict(cfg.get("train", {}))
-    out = Path(cfg["output_dir"]) if cfg.get("output_dir") else None
-    if out is not None and not train_cfg.get("checkpoint_dir"):
-        train_cfg["checkpoint_dir"] = str(out / "checkpoints")
-    tc = TrainConfig.from_dict(train_cfg)
+    data, target, out, tc = cfg.data, cfg.target, cfg.out, cfg.train
+    if out is not None and not tc.checkpoint_dir:
+        tc = tc.model_copy(update={"checkpoint_dir": str(out / "checkpoints")})
 
     features = None
     dataset: RowDataset
+    head: torch.nn.Module
     embed: torch.Tensor | None = None  # the target's embedding matrix, when the data source has it at hand
-    if data["kind"] == "synthetic":
+    if isinstance(data, SyntheticData):
         synth = SyntheticDataset(
-            int(data.get("n_samples", 64)),
+            data.n_samples,
             hidden_size=config.target_hidden_size,
             vocab_size=config.target_vocab_size,
             n_aux=len(config.aux_layer_ids),
-            length=tuple(data.get("length", (12, 24))),  # type: ignore[arg-type]
-            seed=int(data.get("seed", 0)),
+            length=data.length,
+            seed=data.seed,
         )
         dataset, head, embed = synth, synth.target_head(), synth.embed_weight
-    elif data["kind"] == "store":
-        store = _resolve(data.get("reader", DEFAULT_READER))(data["path"], **data.get("reader_kwargs", {}))
-        dataset = StoreDataset(store, max_length=data.get("max_length"))
-        head = load_target_head(target["path"], target.get("last_kind", "post_norm"))
-    elif data["kind"] == "tokens":
-        rows = [json.loads(line) for line in Path(data["path"]).read_text().splitlines() if line.strip()]
-        dataset = TokenDataset(rows, max_length=data.get("max_length"))
-        model = _load_hf_target(target["path"], _DTYPES[target.get("dtype", "bfloat16")], device)
+    elif isinstance(data, StoreData):
+        store = _resolve(data.reader)(data.path, **data.reader_kwargs)
+        dataset = StoreDataset(store, max_length=data.max_length)
+        head = load_target_head(_target_path(cfg), target.last_kind)
+    else:
+        rows = [json.loads(line) for line in Path(data.path).read_text().splitlines() if line.strip()]
+        dataset = TokenDataset(rows, max_length=data.max_length)
+        model = _load_hf_target(_target_path(cfg), _DTYPES[target.dtype], device)
         features = HFTargetFeatures(model, config.aux_layer_ids)
         head, embed = hf_target_head(model), model.get_input_embeddings().weight.detach().float().cpu()
-    else:
-        raise ValueError(f"unknown data kind {data['kind']!r}")
 
-    kind = cfg.get("embeddings", {}).get("kind") or ("synthetic" if data["kind"] == "synthetic" else "target")
+    kind = cfg.embeddings_kind
     if kind == "random":
-        gen = torch.Generator().manual_seed(int(cfg["embeddings"].get("seed", 0)))
+        gen = torch.Generator().manual_seed(cfg.embeddings.seed)
         embed = torch.randn(config.target_vocab_size, config.hidden_size, generator=gen)
     elif kind == "target" and embed is None:
-        embed = load_target_embeddings(target["path"])
-    elif kind == "synthetic" and data["kind"] != "synthetic":
-        raise ValueError("synthetic embeddings need synthetic data")
-    if embed is None:
-        raise ValueError(f"unknown embeddings kind {kind!r}")
+        embed = load_target_embeddings(_target_path(cfg))
+    if embed is None:  # synthetic embeddings come with synthetic data (DraftRunConfig checks it)
+        raise ValueError(f"no {kind} embeddings for {data.kind} data")
     if kind != "target" and not config.save_embeddings:
         # Not the target's matrix: an export without it would be served with the target's, silently.
         config = replace(config, save_embeddings=True)
 
-    torch.manual_seed(int(cfg.get("seed", 0)))
+    torch.manual_seed(cfg.seed)
     draft = Eagle3Draft(config, embed.float())
-    draft.set_vocab(_vocab(cfg.get("vocab", {}), dataset, config))
-    log_every = int(cfg.get("log_every", 1))
+    draft.set_vocab(_vocab(cfg.vocab, dataset, config))
+    log_every = cfg.log_every
     metrics_file = out / "metrics.jsonl" if out is not None else None
 
     def callback(m: StepMetrics) -> None:
@@ -193,25 +181,23 @@ def build(
 
 
 def run(
-    cfg: Mapping[str, Any],
+    cfg: DraftRunConfig | Mapping[str, Any],
     device: torch.device | None = None,
     on_step: Callable[[StepMetrics], None] | None = None,
 ) -> Trainer:
+    cfg = DraftRunConfig.model_validate(cfg)
     trainer = build(cfg, device, on_step)
     if trainer.resume() and trainer.dist.is_main:
         print(f"resumed at step {trainer.global_step} (epoch {trainer.epoch}, batch {trainer.batch_index})", flush=True)
     trainer.train()
-    export = cfg.get("export")
-    if export and cfg.get("output_dir") and trainer.dist.is_main:
-        path = export_draft(
-            trainer.model, Path(cfg["output_dir"]) / "export", dtype=_DTYPES[export.get("dtype", "bfloat16")]
-        )
+    if cfg.export is not None and cfg.out is not None and trainer.dist.is_main:
+        path = export_draft(trainer.model, cfg.out / "export", dtype=_DTYPES[cfg.export.dtype])
         print(f"exported {path}", flush=True)
     du.barrier()
     return trainer
 
 
-def main(argv: Sequence[str] | None = None, train: Callable[[dict[str, Any]], object] = run) -> int:
+def main(argv: Sequence[str] | None = None, train: Callable[[DraftRunConfig], object] = run) -> int:
     """The command line of every rank; ``train`` runs the loaded config (``pipes_train`` adds its reporting)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True)

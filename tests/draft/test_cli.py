@@ -53,7 +53,7 @@ def _base(tmp_path, target_dir, data):
         "data": data,
         "train": {"lr": 1e-3, "batch_size": 2, "epochs": 1, "ttt_steps": 2},
         "output_dir": str(tmp_path / "run"),
-        "export": {"engine": "vllm", "dtype": "float32"},
+        "export": {"dtype": "float32"},
         "log_every": 0,
     }
 

@@ -24,7 +24,7 @@ def _config(out: Path, batch_size: int) -> dict:
         "vocab": {"kind": "from_data"},
         "train": {"lr": 3e-3, "batch_size": batch_size, "epochs": 2, "ttt_steps": 3, "warmup_ratio": 0.1},
         "output_dir": str(out),
-        "export": {"engine": "sglang", "dtype": "float32"},
+        "export": {"dtype": "float32"},
         "log_every": 0,
     }
 

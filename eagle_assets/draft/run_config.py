@@ -1,0 +1,182 @@
+"""A draft training run's configuration, typed once: the ``draft_model`` asset, ``run.json`` and the trainer share it.
+
+Why one model: the asset used to turn its typed Dagster config into a hand-built dict that ``train_cli``
+parsed back with defaults of its own, so a default could differ between the two, and a misspelt key in a
+run file was silently ignored. Every section of the run file is now a pydantic model that forbids unknown
+keys (as SpecForge's ``config/schema.py`` does): a misspelt key fails validation with its name before
+anything is loaded, and each default is written here only. The asset builds a ``DraftRunConfig``, writes
+it as ``run.json`` and Dagster Pipes hands that file to the training process, which validates it back.
+
+``TrainKnobs`` are the hyperparameters the platform's users set: the asset's Dagster config inherits them
+(same names, bounds and defaults) and passes them to ``TrainConfig`` by name.
+
+No torch here: the Dagster definitions import this module when they load.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+DEFAULT_READER = "eagle_assets.hidden_states.store:HiddenStateStore"
+DType = Literal["bfloat16", "float16", "float32"]
+
+
+class _Section(BaseModel):
+    """A section of the run file: an unknown key is an error that names it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class TrainKnobs(BaseModel):
+    """The training hyperparameters a user of the platform sets (also fields of the asset's Dagster config).
+
+    No ``model_config`` of its own: the Dagster config class that inherits these keeps Dagster's.
+    """
+
+    lr: float = Field(1e-4, gt=0)
+    epochs: int = Field(1, ge=1)
+    max_steps: int = Field(0, ge=0, description="0: epochs × steps per epoch; sets the schedule length")
+    warmup_ratio: float = Field(0.015, ge=0, lt=1)
+    batch_size: int = Field(1, ge=1, description="rows per rank per micro-batch")
+    grad_accum: int = Field(1, ge=1)
+    grad_clip: float = Field(0.5, ge=0, description="max gradient norm (0: no clipping)")
+    ttt_steps: int = Field(7, ge=1, description="training-time-test unroll K")
+    step_weight: float = Field(0.8, gt=0, le=1, description="loss weight decay per TTT step")
+    checkpoint_every: int = Field(0, ge=0, description="steps between checkpoints (0: only at the end)")
+    seed: int = Field(0, description="shuffle seed")
+
+
+class TrainConfig(TrainKnobs, _Section):
+    """Everything the ``Trainer`` reads: the user's knobs plus the settings only a run file or a test changes."""
+
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.95)
+    min_lr_ratio: float = 0.0
+    max_length: int = Field(0, ge=0, description="truncate rows in the trainer (0: never)")
+    shuffle: bool = True
+    pad_id: int = 0
+    bf16: bool = Field(True, description="bf16 autocast (CUDA only)")
+    attn_impl: Literal["auto", "eager", "sdpa"] = "auto"
+    checkpoint_dir: str = Field("", description="'': <output_dir>/checkpoints in a run, no checkpoints otherwise")
+    keep_checkpoints: int = 2
+    eval_every: int = 0
+    target_chunk_tokens: int = 1024
+
+
+class TargetSpec(_Section):
+    path: str | None = Field(None, description="local Hugging Face checkpoint of the target")
+    last_kind: Literal["post_norm", "pre_norm"] = "post_norm"
+    dtype: DType = Field("bfloat16", description="the target's dtype when it runs online (tokens data)")
+
+
+class EmbeddingsSpec(_Section):
+    kind: Literal["target", "synthetic", "random"] | None = Field(
+        None, description="None: synthetic for synthetic data, else the target's; any other is exported"
+    )
+    seed: int = 0
+
+
+class VocabSpec(_Section):
+    kind: Literal["from_data", "identity", "file"] = "from_data"
+    path: str | None = Field(None, description="kind file: a checkpoint with d2t, or an export folder")
+    force_ids: list[int] = Field(default_factory=list, description="target ids always in the draft vocabulary")
+
+    @model_validator(mode="after")
+    def _file_has_a_path(self) -> VocabSpec:
+        if self.kind == "file" and not self.path:
+            raise ValueError("vocab kind 'file' needs a path")
+        return self
+
+
+class StoreData(_Section):
+    """Offline features from a hidden-state store, read by ``reader`` (``module:Class``, resolved at run time)."""
+
+    kind: Literal["store"]
+    path: str
+    reader: str = DEFAULT_READER
+    reader_kwargs: dict[str, Any] = Field(default_factory=dict)
+    max_length: int | None = Field(None, description="truncate samples (None: never)")
+
+
+class TokensData(_Section):
+    """Token rows (JSON lines); the target computes the features online."""
+
+    kind: Literal["tokens"]
+    path: str
+    max_length: int | None = Field(None, description="truncate samples (None: never)")
+
+
+class SyntheticData(_Section):
+    kind: Literal["synthetic"]
+    n_samples: int = Field(64, ge=1)
+    length: tuple[int, int] = (12, 24)
+    seed: int = 0
+
+
+DataSpec = Annotated[StoreData | TokensData | SyntheticData, Field(discriminator="kind")]
+
+
+class ExportSpec(_Section):
+    dtype: DType = "bfloat16"
+
+
+class DraftRunConfig(_Section):
+    """One training run: what ``train_cli`` and ``pipes_train`` read (``--config run.json``)."""
+
+    seed: int = Field(0, description="the draft's initialisation")
+    model: dict[str, Any] | None = Field(
+        None, description="Eagle3Config fields; or omit and give target.path + draft_vocab_size"
+    )
+    draft_vocab_size: int | None = None
+    aux_layer_ids: list[int] | None = Field(None, description="HF output_hidden_states indices (with target.path)")
+    target: TargetSpec = Field(default_factory=TargetSpec)
+    embeddings: EmbeddingsSpec = Field(default_factory=EmbeddingsSpec)
+    vocab: VocabSpec = Field(default_factory=VocabSpec)
+    data: DataSpec
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    output_dir: str | None = Field(None, description="checkpoints/, metrics.jsonl, export/")
+    export: ExportSpec | None = Field(None, description="one folder for SGLang and vLLM (see export.py)")
+    log_every: int = Field(1, ge=0, description="print a line every n steps (0: never)")
+
+    @field_validator("model")
+    @classmethod
+    def _model_fields_only(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None:
+            from eagle_assets.draft.model import Eagle3Config  # torch: only when a run file names a shape
+
+            unknown = sorted(set(value) - set(Eagle3Config.__dataclass_fields__))
+            if unknown:
+                raise ValueError(f"unknown model keys {unknown}: not fields of Eagle3Config")
+        return value
+
+    @model_validator(mode="after")
+    def _complete(self) -> DraftRunConfig:
+        if self.model is None and not (self.target.path and self.draft_vocab_size):
+            raise ValueError("give either 'model' or 'target.path' (+ 'draft_vocab_size')")
+        if self.data.kind in ("store", "tokens") and not self.target.path:
+            raise ValueError(f"{self.data.kind} data needs target.path (the target's head or the target itself)")
+        if self.embeddings.kind == "synthetic" and self.data.kind != "synthetic":
+            raise ValueError("synthetic embeddings need synthetic data")
+        return self
+
+    @property
+    def embeddings_kind(self) -> Literal["target", "synthetic", "random"]:
+        return self.embeddings.kind or ("synthetic" if self.data.kind == "synthetic" else "target")
+
+    @property
+    def out(self) -> Path | None:
+        return Path(self.output_dir) if self.output_dir else None
+
+
+def load_config(path: str | Path) -> DraftRunConfig:
+    """A run file (JSON, or YAML by suffix), validated."""
+    text = Path(path).read_text()
+    if str(path).endswith((".yaml", ".yml")):
+        import yaml
+
+        return DraftRunConfig.model_validate(yaml.safe_load(text))
+    return DraftRunConfig.model_validate(json.loads(text))
