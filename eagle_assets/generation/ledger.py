@@ -39,7 +39,7 @@ its lease expires, and its open reservations are then charged at their worst cas
 import os
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -233,6 +233,66 @@ class _Open:
     hard_usd: float
     all_usd: float
     groups: dict[str, OpenGroup] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Tokens:
+    """A dataset's output tokens when a reservation transaction began: produced, and open on the ledger (requests
+    and their max_tokens); ``seed``: the other datasets' answers, for a fresh one (admission's first wave)."""
+
+    produced: int
+    open_count: int
+    open_max_tokens: int
+    seed: Moments | None
+
+
+@dataclass(frozen=True)
+class _Last:
+    """A dataset's last request in a prefix, and how many of its requests (and their max_tokens) come before it:
+    the token check asks about the last one with the others already open."""
+
+    request: ReservationRequest
+    before: int = 0
+    before_max_tokens: int = 0
+
+
+def _with_requests(base: _Open, requests: list[ReservationRequest], hard: bool) -> tuple[_Open, dict[str, _Last]]:
+    """What would be open with ``requests`` added to ``base``, and each dataset's last request among them."""
+    snap = _Open(base.spent, base.hard_usd, base.all_usd, dict(base.groups))
+    lasts: dict[str, _Last] = {}
+    for r in requests:
+        snap.all_usd += r.worst_usd
+        if hard:
+            snap.hard_usd += r.worst_usd
+        else:
+            prompt_usd = r.worst_usd if r.prompt_usd is None else r.prompt_usd
+            g = snap.groups.get(r.dataset, OpenGroup())
+            snap.groups[r.dataset] = g.plus(r.worst_usd, prompt_usd, r.price, r.max_tokens)
+        prev = lasts.get(r.dataset)
+        lasts[r.dataset] = (
+            _Last(r) if prev is None else _Last(r, prev.before + 1, prev.before_max_tokens + prev.request.max_tokens)
+        )
+    return snap, lasts
+
+
+def longest_fit(n: int, check: Callable[[int], Denial | None]) -> tuple[int, Denial | None]:
+    """How many of ``n`` requests fit, in order, and why one more does not (None: all ``n`` fit).
+
+    ``check(k)``: why the first ``k`` do not all fit, or None. Every condition only tightens as ``k`` grows,
+    so the longest prefix that fits is found by bisection, usually in one call (everything fits).
+    """
+    denial = check(n)
+    if denial is None:
+        return n, None
+    lo, hi = 0, n  # the first lo fit; the first hi do not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        why = check(mid)
+        if why is None:
+            lo = mid
+        else:
+            hi, denial = mid, why
+    return lo, denial
 
 
 class LedgerLeaseLost(LeaseLost, RuntimeError):
@@ -500,88 +560,75 @@ class BudgetLedger:
         cap, cap_reason = budget_usd, "usd"
         if account_cap_usd is not None and account_cap_usd < budget_usd:
             cap, cap_reason = account_cap_usd, "credits"
-        cap_n = _n(cap)
-        hard = self.policy.hard
         with self._tx() as cur:
             self._assert_alive(cur)
             base = self._open(cur)
             moments: dict[str, Moments] = {}
-            tokens0: dict[str, tuple[int, int, int]] = {}
-            seeds: dict[str, Moments] = {}  # fresh datasets: other datasets' answers (admission's first wave)
-            if token_budget is not None:
-                for d in {r.dataset for r in reqs}:
-                    row = cur.execute(
-                        "SELECT tokens_spent, in_flight, tokens_reserved FROM totals WHERE scope = ?", (_scope(d),)
-                    ).fetchone()
-                    tokens0[d] = row or (0, 0, 0)
-                    moments[d] = self._moments(cur, d)
-                    if moments[d].n < self.policy.min_samples and not hard:
-                        seeds[d] = self._seed_moments(cur, d)
+            tokens = {} if token_budget is None else self._dataset_tokens(cur, {r.dataset for r in reqs}, moments)
 
             def check(k: int) -> Denial | None:
-                """Why the first ``k`` requests do not all fit, or None. Every condition only tightens as
-                ``k`` grows, so the longest prefix that fits is found by bisection, usually in one call."""
-                snap = _Open(base.spent, base.hard_usd, base.all_usd, dict(base.groups))
-                before: dict[str, list[int]] = {}  # per dataset: requests and their max_tokens before its last
-                last: dict[str, ReservationRequest] = {}
-                for r in reqs[:k]:
-                    snap.all_usd += r.worst_usd
-                    if hard:
-                        snap.hard_usd += r.worst_usd
-                    else:
-                        prompt_usd = r.worst_usd if r.prompt_usd is None else r.prompt_usd
-                        g = snap.groups.get(r.dataset, OpenGroup())
-                        snap.groups[r.dataset] = g.plus(r.worst_usd, prompt_usd, r.price, r.max_tokens)
-                    if r.dataset in last:
-                        b = before.setdefault(r.dataset, [0, 0])
-                        b[0] += 1
-                        b[1] += last[r.dataset].max_tokens
-                    last[r.dataset] = r
-                need = self._held(cur, snap, moments)
-                if _n(need) > cap_n:
-                    what = "budget" if cap_reason == "usd" else "the key's remaining credit"
-                    return Denial(
-                        cap_reason,
-                        f"${snap.spent:.4f} spent + ${need - snap.spent:.4f} held by requests in flight would pass"
-                        f" ${cap:.2f} ({what}{', worst case' if hard else ''})",
-                    )
-                if token_budget is None:
-                    return None
-                for d, r in last.items():
-                    produced, open_count, open_max = tokens0[d]
-                    n_before, max_before = before.get(d, (0, 0))
-                    decision = token_admission(
-                        produced=produced,
-                        open_count=open_count + n_before,
-                        open_max_tokens=open_max + max_before,
-                        new_max_tokens=r.max_tokens,
-                        budget=token_budget,
-                        model=self._model(moments[d], r.max_tokens)
-                        or (LengthModel.seeded(seeds[d], self.policy, r.max_tokens) if d in seeds else None),
-                        policy=self.policy,
-                    )
-                    if not decision.admit:
-                        return Denial("tokens", decision.detail)
-                return None
+                """Why the first ``k`` requests do not all fit (the dollar cap first, then each dataset's tokens)."""
+                snap, lasts = _with_requests(base, reqs[:k], self.policy.hard)
+                denial = self._dollar_denial(cur, snap, moments, cap, cap_reason)
+                if denial is None and token_budget is not None:
+                    denial = self._token_denial(lasts, tokens, moments, token_budget)
+                return denial
 
-            fit, denial = len(reqs), check(len(reqs))
-            if denial is not None:
-                lo, hi = 0, len(reqs)  # the first lo fit; the first hi do not
-                while hi - lo > 1:
-                    mid = (lo + hi) // 2
-                    why = check(mid)
-                    if why is None:
-                        lo = mid
-                    else:
-                        hi, denial = mid, why
-                fit = lo
+            fit, denial = longest_fit(len(reqs), check)
             if denial is not None and fit < min_grant:
                 return [], Denial(denial.reason, denial.detail, fit=fit)
             granted = [(r, r.worst_usd if r.prompt_usd is None else r.prompt_usd) for r in reqs[:fit]]
-            out = self._insert_many(cur, granted, hard)
+            out = self._insert_many(cur, granted, self.policy.hard)
         if denial is not None:
             denial = Denial(denial.reason, denial.detail, fit=len(out))
         return out, denial
+
+    def _dataset_tokens(self, cur: Cursor, datasets: Iterable[str], moments: dict[str, Moments]) -> dict[str, _Tokens]:
+        """Each dataset's output tokens as the transaction began; its answers' moments go into ``moments``."""
+        out = {}
+        for d in datasets:
+            row = cur.execute(
+                "SELECT tokens_spent, in_flight, tokens_reserved FROM totals WHERE scope = ?", (_scope(d),)
+            ).fetchone()
+            produced, open_count, open_max_tokens = row or (0, 0, 0)
+            moments[d] = self._moments(cur, d)
+            fresh = moments[d].n < self.policy.min_samples and not self.policy.hard
+            out[d] = _Tokens(produced, open_count, open_max_tokens, self._seed_moments(cur, d) if fresh else None)
+        return out
+
+    def _dollar_denial(
+        self, cur: Cursor, snap: _Open, moments: dict[str, Moments], cap: float, cap_reason: str
+    ) -> Denial | None:
+        """Why what ``snap`` holds, on top of what was spent, does not fit under ``cap``, or None."""
+        need = self._held(cur, snap, moments)
+        if _n(need) <= _n(cap):
+            return None
+        what = "budget" if cap_reason == "usd" else "the key's remaining credit"
+        return Denial(
+            cap_reason,
+            f"${snap.spent:.4f} spent + ${need - snap.spent:.4f} held by requests in flight would pass"
+            f" ${cap:.2f} ({what}{', worst case' if self.policy.hard else ''})",
+        )
+
+    def _token_denial(
+        self, lasts: dict[str, _Last], tokens: dict[str, _Tokens], moments: dict[str, Moments], token_budget: int
+    ) -> Denial | None:
+        """Why some dataset's last request would pass its token budget with its others open, or None."""
+        for d, last in lasts.items():
+            t = tokens[d]
+            decision = token_admission(
+                produced=t.produced,
+                open_count=t.open_count + last.before,
+                open_max_tokens=t.open_max_tokens + last.before_max_tokens,
+                new_max_tokens=last.request.max_tokens,
+                budget=token_budget,
+                model=self._model(moments[d], last.request.max_tokens)
+                or (None if t.seed is None else LengthModel.seeded(t.seed, self.policy, last.request.max_tokens)),
+                policy=self.policy,
+            )
+            if not decision.admit:
+                return Denial("tokens", decision.detail)
+        return None
 
     def _insert_many(
         self, cur: Cursor, granted: list[tuple[ReservationRequest, float]], hard: bool
