@@ -259,9 +259,9 @@ class TinyTargetGenerator:
                 fut: Future[Completion] = Future()
                 fut.set_result(done.completion)
                 return fut
-            fut = self._in_flight.get(key)
-            if fut is not None:
-                return fut
+            pending = self._in_flight.get(key)
+            if pending is not None:
+                return pending
             fut = Future()
             self._in_flight[key] = fut
             self._queue.append(_Job(request, fut, self.plan(key)))

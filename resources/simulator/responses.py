@@ -290,7 +290,8 @@ class TokenAccountant:
             )
         n = max(0, max_tokens)
         decode = self.tokenizer.decode
-        reasoning, content, calls = completion.reasoning, "", ()
+        reasoning, content = completion.reasoning, ""
+        calls: tuple[ToolCall, ...] = ()
         if n < n_r:
             reasoning = decode(r_ids[:n])
         elif n > n_r + 1:
@@ -435,7 +436,9 @@ def _fake_value(schema: Any, rng: random.Random, key: str, depth: int = 0) -> An
 
 
 def _fake_object(schema: dict[str, Any], rng: random.Random, depth: int = 0) -> dict[str, Any]:
-    props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+    props = schema.get("properties")
+    if not isinstance(props, dict):
+        props = {}
     required = set(schema.get("required") or [])
     out: dict[str, Any] = {}
     for key, sub in props.items():

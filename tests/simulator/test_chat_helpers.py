@@ -39,7 +39,7 @@ def _attempt(billable: bool, recorded: bool = False, started: float = 0.0) -> At
 
 
 def _core(cls: type) -> tuple[Any, _Recorder]:
-    core = cls.__new__(cls)  # no tokenizer, no generator: only these helpers are under test
+    core: Any = object.__new__(cls)  # no tokenizer, no generator: only these helpers are under test
     core.state = _Recorder()
     return core, core.state
 
