@@ -194,23 +194,13 @@ def worker(variant: str, url: str, n: int, c: int) -> None:
 
 
 def start_simulator(latency: float, stream_chunks: int = 12) -> tuple[subprocess.Popen, str]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "resources.simulator",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-        "--credits",
-        "1000000",
-        "--latency-fixed",
-        str(latency),
-        "--seed",
-        "0",
-        "--stream-chunks",
-        str(stream_chunks),
-    ]
+    # Imported here: a worker measures its own RSS and must not carry the simulator's modules.
+    from resources.simulator.config import LatencyConfig, SimulatorConfig, config_to_args
+
+    config = SimulatorConfig(
+        port=0, credits=1_000_000, latency=LatencyConfig.fixed(latency), stream_chunks=stream_chunks
+    )
+    cmd = [sys.executable, "-m", "resources.simulator", *config_to_args(config)]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     for line in proc.stdout:
