@@ -14,7 +14,6 @@ duplicate (kept: the first). Two different ids colliding in 64 bits has odds of 
 
 import hashlib
 import json
-import os
 import time
 from array import array
 from collections import Counter
@@ -25,6 +24,7 @@ from pathlib import Path
 from eagle_assets.datasets.formats import RowError, RowFormat
 from eagle_assets.datasets.prompts import RowProblem, conversation_of
 from eagle_assets.datasets.sources import ResolvedSource
+from eagle_assets.durable_files import atomic_write_text
 from eagle_assets.errors import DataError
 
 MAX_EXAMPLES = 20
@@ -163,7 +163,5 @@ def load_or_scan(
         pass
     summary = scan_dataset(source, fmt, mode, max_turns, progress)
     cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(asdict(summary)))
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(asdict(summary)))
     return summary, False

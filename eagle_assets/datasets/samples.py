@@ -11,6 +11,8 @@ from typing import Any
 
 import orjson
 
+from eagle_assets.durable_files import atomic_write_bytes
+
 WEATHER_TOOL = {
     "type": "function",
     "function": {
@@ -148,8 +150,6 @@ def write_samples(directory: Path, count: int = 48, seed: int = 0, names: list[s
     for name in names or list(BUILDERS):
         path = directory / f"{name}.jsonl"
         if not path.exists():
-            tmp = path.with_suffix(".jsonl.tmp")
-            tmp.write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in sample_rows(name, count, seed)))
-            tmp.replace(path)
+            atomic_write_bytes(path, b"".join(orjson.dumps(row) + b"\n" for row in sample_rows(name, count, seed)))
         paths.append(path)
     return paths

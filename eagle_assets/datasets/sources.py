@@ -19,7 +19,6 @@ run across all files of the source in order; they are what shards and sampling a
 
 import hashlib
 import json
-import os
 from collections.abc import Container, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +34,7 @@ from eagle_assets.datasets.file_readers import (
     parquet_columns,
 )
 from eagle_assets.datasets.hub_source import HubDatasetRef, HubSnapshot, is_hub_spec, resolve_hub_dataset
+from eagle_assets.durable_files import atomic_write_text
 
 __all__ = [
     "PromptFileError",
@@ -220,7 +220,5 @@ def cached_row_count(source: ResolvedSource, cache_dir: Path) -> int:
         pass
     rows = source.count_rows()
     cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps({"rows": rows, "source": source.description}))
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps({"rows": rows, "source": source.description}))
     return rows

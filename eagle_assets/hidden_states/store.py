@@ -42,7 +42,6 @@ import json
 import math
 import os
 import shutil
-import socket
 import struct
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -54,7 +53,7 @@ import numpy as np
 import torch
 
 from eagle_assets.durable_files import atomic_write_bytes as durable_atomic_write_bytes
-from eagle_assets.durable_files import directory_lock, fsync_dir
+from eagle_assets.durable_files import directory_lock, durable_replace, host_tag, pid_alive
 from eagle_assets.errors import TargetError
 from eagle_assets.hidden_states.layers import AuxLayers
 
@@ -203,21 +202,7 @@ def check_disk(path: str | Path, bytes_needed: int, *, reserve_bytes: int = 0) -
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Temporaries carry host and pid so that crash leftovers of dead processes can be swept."""
-    durable_atomic_write_bytes(path, data, f"{path.name}.tmp-{_host()}-{os.getpid()}-{uuid.uuid4().hex[:6]}")
-
-
-def _host() -> str:
-    return "".join(c if c.isalnum() else "_" for c in socket.gethostname())[:32] or "host"
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    durable_atomic_write_bytes(path, data, f"{path.name}.tmp-{host_tag()}-{os.getpid()}-{uuid.uuid4().hex[:6]}")
 
 
 def remove_stale_temporaries(directory: Path) -> list[Path]:
@@ -225,7 +210,7 @@ def remove_stale_temporaries(directory: Path) -> list[Path]:
     removed: list[Path] = []
     if not directory.is_dir():
         return removed
-    host = _host()
+    host = host_tag()
     for p in directory.iterdir():
         name = p.name
         if ".tmp-" not in name or not p.is_file():
@@ -233,7 +218,7 @@ def remove_stale_temporaries(directory: Path) -> list[Path]:
         parts = name.rsplit(".tmp-", 1)[1].split("-")
         if len(parts) < 2 or parts[0] != host or not parts[1].isdigit():
             continue  # another host's (shared filesystem) or not ours: leave it alone
-        if int(parts[1]) == os.getpid() or _pid_alive(int(parts[1])):
+        if int(parts[1]) == os.getpid() or pid_alive(int(parts[1])):
             continue
         with contextlib.suppress(FileNotFoundError):
             p.unlink()
@@ -412,7 +397,7 @@ class ShardWriter:
     ):
         self.meta = meta
         self.final = directory / file_name
-        self.tmp = directory / f"{file_name}.tmp-{_host()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.tmp = directory / f"{file_name}.tmp-{host_tag()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.layout = ShardLayout(meta, group, [len(s) for s in samples], metadata)
         self._pending = {f: set(range(len(samples))) for f in self.layout.group}
         self._fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -474,8 +459,7 @@ class ShardWriter:
         os.fsync(self._fd)
         os.close(self._fd)
         self._fd = -1
-        os.replace(self.tmp, self.final)
-        fsync_dir(self.final.parent)
+        durable_replace(self.tmp, self.final)
         return self.layout.file_bytes
 
     def abort(self) -> None:

@@ -4,11 +4,8 @@ Owned by the server's event loop; every route reads and changes it only from the
 ``SimulatorHandle.call``). Billing lives here so that every route bills by the same rule.
 """
 
-import contextlib
 import json
-import os
 import random
-import tempfile
 import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
@@ -18,6 +15,7 @@ from typing import Any
 
 import orjson
 
+from eagle_assets.durable_files import atomic_write_bytes
 from eagle_assets.errors import OpenRouterError
 from resources.simulator.config import ProviderEndpoint, SimulatorConfig
 from resources.simulator.faults import FaultConfig, FaultPicker, TokenBucket
@@ -31,17 +29,7 @@ class StateFileError(OpenRouterError, RuntimeError):
 
 def _atomic_write_json(path: Path, payload: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(orjson.dumps(payload, option=orjson.OPT_INDENT_2))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    atomic_write_bytes(path, orjson.dumps(payload, option=orjson.OPT_INDENT_2))
 
 
 @dataclass

@@ -220,18 +220,18 @@ def test_bad_config_and_inputs(tmp_path: Path) -> None:
 
 def test_merge_writes_are_atomic(tmp_path: Path, sources: list[Path], monkeypatch: pytest.MonkeyPatch) -> None:
     """A failure while writing a shard leaves neither a partial shard nor an index behind."""
-    import eagle_assets.corpus.io as cio
+    from eagle_assets import durable_files  # every corpus file is renamed into place there
 
     calls = {"n": 0}
-    real_replace = Path.replace
+    real_replace = os.replace
 
-    def flaky(self: Path, target: os.PathLike) -> Path:
+    def flaky(src: os.PathLike, dst: os.PathLike) -> None:
         calls["n"] += 1
         if calls["n"] == 3:
             raise OSError("disk full")
-        return real_replace(self, target)
+        real_replace(src, dst)
 
-    monkeypatch.setattr(cio.Path, "replace", flaky)
+    monkeypatch.setattr(durable_files.os, "replace", flaky)
     with pytest.raises(OSError, match="disk full"):
         merge_corpus(sources, tmp_path / "corpus", CFG)
     out = tmp_path / "corpus"

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from eagle_assets.corpus import io as cio
+from eagle_assets import durable_files
 from eagle_assets.corpus.synthetic import synthetic_tokenized_table
 from eagle_assets.corpus.tokenized_schema import (
     ARROW_SCHEMA,
@@ -65,7 +65,7 @@ def test_write_is_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     def no_space(fd: int) -> None:
         raise OSError("no space left")
 
-    monkeypatch.setattr(cio.os, "fsync", no_space)
+    monkeypatch.setattr(durable_files.os, "fsync", no_space)  # the corpus writes through durable_files
     with pytest.raises(OSError, match="no space"):
         write_tokenized(path, [tok_row("new")])
     assert path.read_bytes() == before  # the old partition is intact, and no temporary is left

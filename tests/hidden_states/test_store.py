@@ -191,9 +191,9 @@ def test_plan_batches_respects_the_token_budget():
 
 
 def _host():
-    from eagle_assets.hidden_states.store import _host
+    from eagle_assets.durable_files import host_tag
 
-    return _host()
+    return host_tag()
 
 
 def test_no_temporaries_after_a_failed_batch(tmp_path):
