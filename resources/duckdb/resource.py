@@ -17,11 +17,11 @@ from eagle_assets.corpus.validation import DuckDBSettings
 class DuckDBResource(dg.ConfigurableResource):
     """Limits for the DuckDB validation queries over the Parquet partitions."""
 
-    database: str = Field(":memory:", description="DuckDB database; ':memory:' or a file path")
-    memory_limit: str = Field("2GB", description="per-query memory cap; DuckDB spills beyond it")
-    threads: int = Field(2, ge=1, description="threads per query")
-    temp_directory: str = Field("", description="spill directory (default: $EAGLE_FORGE_HOME/duckdb_tmp)")
-    max_examples: int = Field(5, ge=0, description="failing rows shown per check")
+    database: str = Field(default=":memory:", description="DuckDB database; ':memory:' or a file path")
+    memory_limit: str = Field(default="2GB", description="per-query memory cap; DuckDB spills beyond it")
+    threads: int = Field(default=2, ge=1, description="threads per query")
+    temp_directory: str = Field(default="", description="spill directory (default: $EAGLE_FORGE_HOME/duckdb_tmp)")
+    max_examples: int = Field(default=5, ge=0, description="failing rows shown per check")
 
     def settings(self) -> DuckDBSettings:
         temp = Path(self.temp_directory) if self.temp_directory else settings.forge_home() / "duckdb_tmp"

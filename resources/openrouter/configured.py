@@ -7,6 +7,7 @@ import.
 """
 
 import os
+from typing import Any
 
 from eagle_assets.budget_mode import parse_budget_mode
 from eagle_assets.errors import ConfigError
@@ -50,10 +51,11 @@ def openrouter_from_env() -> OpenRouterResource:
             stream=_flag("EAGLE_FORGE_STREAM"),
         )
     if target == "openrouter":
+        key: dict[str, Any] = {"api_key_file": key_file} if key_file else {}  # else the resource's default file
         return OpenRouterResource(
             budget_usd=budget,
             budget_mode=budget_mode,
             stream=_flag("EAGLE_FORGE_STREAM"),
-            **({"api_key_file": key_file} if key_file else {}),
+            **key,
         )
     raise TargetConfigError(f"EAGLE_FORGE_TARGET must be 'simulator' or 'openrouter', got {target!r}")

@@ -47,26 +47,29 @@ class OpenRouterResource(ConfigurableResource):
     fields are plain values here and become the engine's settings in ``partition_runs.generation_settings``.
     """
 
-    base_url: str = Field("https://openrouter.ai/api/v1", description="API root, e.g. a local simulator or SGLang")
-    model: str = Field("moonshotai/kimi-k2.5", description="Model slug to request")
-    api_key_file: str = Field("/tmp/or-key.txt", description="File holding the API key (preferred)")
-    api_key_env: str = Field("OPENROUTER_API_KEY", description="Environment variable with the key")
-    allow_missing_key_on_loopback: bool = Field(
-        True, description="A loopback simulator needs no real key: use a placeholder when none is configured"
+    base_url: str = Field(
+        default="https://openrouter.ai/api/v1", description="API root, e.g. a local simulator or SGLang"
     )
-    max_tokens: int = Field(16384, description="max_tokens per request (also the reservation's worst case)")
+    model: str = Field(default="moonshotai/kimi-k2.5", description="Model slug to request")
+    api_key_file: str = Field(default="/tmp/or-key.txt", description="File holding the API key (preferred)")
+    api_key_env: str = Field(default="OPENROUTER_API_KEY", description="Environment variable with the key")
+    allow_missing_key_on_loopback: bool = Field(
+        default=True, description="A loopback simulator needs no real key: use a placeholder when none is configured"
+    )
+    max_tokens: int = Field(default=16384, description="max_tokens per request (also the reservation's worst case)")
     temperature: float | None = Field(
-        None,
+        default=None,
         description="Sent only when set (else the provider's default): with require_parameters every endpoint that"
         " does not list it is dropped, and Moonshot's own endpoint may list neither temperature nor top_p",
     )
-    top_p: float | None = Field(None, description="Sent only when set (see temperature)")
+    top_p: float | None = Field(default=None, description="Sent only when set (see temperature)")
     extra_body: dict[str, Any] = Field(default_factory=dict, description="Extra request fields (e.g. reasoning)")
     quantizations: list[str] = Field(default_factory=lambda: list(DEFAULT_QUANTIZATIONS))
     ignore_providers: list[str] = Field(default_factory=lambda: list(DEFAULT_IGNORED))
     sort: str | None = "price"
     require_parameters: bool = Field(
-        True, description="Route only to endpoints that support every sent parameter (temperature, top_p, tools...)"
+        default=True,
+        description="Route only to endpoints that support every sent parameter (temperature, top_p, tools...)",
     )
     trust_unknown_quantization: list[str] = Field(
         default_factory=list,
@@ -74,67 +77,80 @@ class OpenRouterResource(ConfigurableResource):
         " unknown or null (rejected by default: nobody can say what weights they run)",
     )
     stream: bool = Field(
-        False,
+        default=False,
         description="Stream responses (SSE): the generation id arrives with the first chunk and stalls are"
         " caught by stream_idle_timeout_s",
     )
-    stream_idle_timeout_s: float = Field(60.0, description="Abandon a stream with no data event for this long")
-    max_in_flight: int = Field(2000, description="Upper bound of concurrent requests (AIMD adapts below it)")
+    stream_idle_timeout_s: float = Field(default=60.0, description="Abandon a stream with no data event for this long")
+    max_in_flight: int = Field(default=2000, description="Upper bound of concurrent requests (AIMD adapts below it)")
     min_in_flight: int = 4
-    budget_usd: float = Field(100.0, description="Dollar budget across all runs (persisted ledger)")
+    budget_usd: float = Field(default=100.0, description="Dollar budget across all runs (persisted ledger)")
     budget_mode: BudgetMode = Field(
-        "statistical",
+        default="statistical",
         description="statistical: the requests in flight hold n·μ + z·σ·√n of the budget from the measured answer"
         " lengths (passed with probability below overspend_probability per run); hard: each holds its worst case"
         " (max_tokens at the dearest price), never passed, at a fraction of the concurrency",
     )
-    overspend_probability: float = Field(1e-6, description="statistical mode: chance per run of passing budget_usd")
+    overspend_probability: float = Field(
+        default=1e-6, description="statistical mode: chance per run of passing budget_usd"
+    )
     token_overshoot: float = Field(
-        0.01, description="A dataset's output-token budget is a target: allowed overshoot, as a fraction of it"
+        default=0.01, description="A dataset's output-token budget is a target: allowed overshoot, as a fraction of it"
     )
     budget_tail_fraction: float = Field(
-        0.1,
+        default=0.1,
         ge=0.0,
         lt=1.0,
         description="At the end of the dollar budget, start no wave smaller than this share of max_in_flight: the"
         " rest of the budget stays for the next run (0: spend it all, in ever smaller waves)",
     )
-    ledger_path: str = Field("", description="Ledger SQLite file; default $EAGLE_FORGE_HOME/state/ledger.sqlite")
+    ledger_path: str = Field(
+        default="", description="Ledger SQLite file; default $EAGLE_FORGE_HOME/state/ledger.sqlite"
+    )
     database_url: str = Field(
-        "",
+        default="",
         description="Ledger database shared by several hosts (postgresql://user@host/db; pass it as an EnvVar,"
         " or keep the password in PGPASSWORD/.pgpass); empty = $EAGLE_FORGE_DATABASE_URL, else ledger_path",
     )
     tokenizer_path: str = Field(
-        "",
+        default="",
         description="Kimi tokenizer for prompt-cost estimates: a folder, a Hub repo id (moonshotai/Kimi-K2.5) or"
         " 'bundled'; empty = $EAGLE_FORGE_TOKENIZER, else the copy inside the package",
     )
     request_timeout_s: float = 600.0
-    max_attempts: int = Field(10, description="Failed attempts (5xx, timeouts, torn bodies...) allowed per prompt")
+    max_attempts: int = Field(
+        default=10, description="Failed attempts (5xx, timeouts, torn bodies...) allowed per prompt"
+    )
     breaker_threshold: int = Field(
-        8,
+        default=8,
         ge=0,
         description="This many skips (400/403) of one class and message with no success between stop the run as a"
         " request-wide error, journaling none of them; the first wave waits for a success up to this many (0: off)",
     )
-    breaker_probe_s: float = Field(1.0, ge=0, description="How long the first wave stays at breaker_threshold requests")
-    reask_skipped: bool = Field(
-        False, description="Ask every journaled skip again (after changing the request: model, parameters, routing)"
+    breaker_probe_s: float = Field(
+        default=1.0, ge=0, description="How long the first wave stays at breaker_threshold requests"
     )
-    max_congestion_waits: int = Field(200, description="429/in-flight-402/503 waits per prompt (pacing, not failure)")
+    reask_skipped: bool = Field(
+        default=False,
+        description="Ask every journaled skip again (after changing the request: model, parameters, routing)",
+    )
+    max_congestion_waits: int = Field(
+        default=200, description="429/in-flight-402/503 waits per prompt (pacing, not failure)"
+    )
     retry_base_delay_s: float = 0.5
     retry_max_delay_s: float = 60.0
     progress_interval_s: float = 5.0
     account_observe_interval_s: float = Field(
-        10.0, gt=0, description="How often a generation run records the account's money (openrouter_account)"
+        default=10.0, gt=0, description="How often a generation run records the account's money (openrouter_account)"
     )
     native_count_sample: int = Field(
-        32, ge=0, description="per partition, kept responses whose native token counts are fetched from /generation"
+        default=32,
+        ge=0,
+        description="per partition, kept responses whose native token counts are fetched from /generation",
     )
     key_poll_interval_s: float = 15.0
     start_embedded_simulator: bool = Field(
-        False, description="Start the bundled simulator at base_url (loopback only) if nothing answers there"
+        default=False, description="Start the bundled simulator at base_url (loopback only) if nothing answers there"
     )
 
     # --- pieces ------------------------------------------------------------------------------

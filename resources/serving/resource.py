@@ -28,14 +28,20 @@ BACKENDS = ("inprocess", "sglang", "vllm")
 class ServingEngineResource(dg.ConfigurableResource):
     """The serving engine the draft is benchmarked through (or the in-process loop)."""
 
-    backend: Literal["inprocess", "sglang", "vllm"] = Field("inprocess", description="inprocess | sglang | vllm")
-    url: str = Field("", description="attach to this running server (with the draft); empty: start one per pass")
-    baseline_url: str = Field("", description="attach: the same target served without speculation")
-    run_baseline: bool = Field(True, description="also run every set without the draft (throughput, speedup)")
-    model_path: str = Field("", description="target checkpoint the server loads; empty: the target resource's path")
-    tp_size: int = Field(8, ge=1, description="tensor-parallel GPUs of a started server")
-    host: str = Field("127.0.0.1", description="interface a started server listens on")
-    port: int = Field(0, ge=0, description="port of a started server; 0: a free one")
+    backend: Literal["inprocess", "sglang", "vllm"] = Field(
+        default="inprocess", description="inprocess | sglang | vllm"
+    )
+    url: str = Field(
+        default="", description="attach to this running server (with the draft); empty: start one per pass"
+    )
+    baseline_url: str = Field(default="", description="attach: the same target served without speculation")
+    run_baseline: bool = Field(default=True, description="also run every set without the draft (throughput, speedup)")
+    model_path: str = Field(
+        default="", description="target checkpoint the server loads; empty: the target resource's path"
+    )
+    tp_size: int = Field(default=8, ge=1, description="tensor-parallel GPUs of a started server")
+    host: str = Field(default="127.0.0.1", description="interface a started server listens on")
+    port: int = Field(default=0, ge=0, description="port of a started server; 0: a free one")
     trust_remote_code: bool = True
     extra_args: list[str] = Field(default_factory=list, description="appended to the engine's command line")
     launcher: list[str] = Field(
@@ -43,10 +49,12 @@ class ServingEngineResource(dg.ConfigurableResource):
         description="command that starts the engine; empty: python -m sglang.launch_server / vllm serve",
     )
     env: dict[str, str] = Field(default_factory=dict, description="extra environment of a started server")
-    startup_timeout_s: float = Field(3600.0, gt=0, description="loading a 1T target takes a while")
-    health_poll_s: float = Field(2.0, gt=0)
-    request_timeout_s: float = Field(3600.0, gt=0)
-    check_draft_path: bool = Field(True, description="attach: refuse a server whose draft path is not the export")
+    startup_timeout_s: float = Field(default=3600.0, gt=0, description="loading a 1T target takes a while")
+    health_poll_s: float = Field(default=2.0, gt=0)
+    request_timeout_s: float = Field(default=3600.0, gt=0)
+    check_draft_path: bool = Field(
+        default=True, description="attach: refuse a server whose draft path is not the export"
+    )
 
     @property
     def serves(self) -> bool:

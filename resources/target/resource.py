@@ -18,17 +18,21 @@ if TYPE_CHECKING:  # torch and transformers load only in the steps that run the 
 class TargetModelResource(dg.ConfigurableResource):
     """The target whose hidden states train the draft, and the engine that computes them."""
 
-    path: str = Field("", description="local HF checkpoint; empty: the tiny Kimi-vocabulary target built locally")
-    tiny_seed: int = Field(0, description="seed of the tiny target (when path is empty)")
-    backend: Literal["hf", "sglang"] = Field("hf", description="hf: transformers in-process; sglang: TP engine")
-    device: str = Field("", description="cuda, cuda:1, cpu; empty: CUDA when present")
-    store_dtype: Literal["bfloat16", "float16", "float32"] = Field("bfloat16", description="hidden-state store dtype")
+    path: str = Field(
+        default="", description="local HF checkpoint; empty: the tiny Kimi-vocabulary target built locally"
+    )
+    tiny_seed: int = Field(default=0, description="seed of the tiny target (when path is empty)")
+    backend: Literal["hf", "sglang"] = Field(default="hf", description="hf: transformers in-process; sglang: TP engine")
+    device: str = Field(default="", description="cuda, cuda:1, cpu; empty: CUDA when present")
+    store_dtype: Literal["bfloat16", "float16", "float32"] = Field(
+        default="bfloat16", description="hidden-state store dtype"
+    )
     aux_layers: list[int] = Field(
         default_factory=list, description="HF output_hidden_states indices; empty: EAGLE-3's [2, N//2, N-3]"
     )
-    max_tokens_per_batch: int = Field(16384, ge=1, description="tokens per extraction batch (padding included)")
-    sglang_tp_size: int = Field(8, ge=1, description="tensor-parallel size of the SGLang engine")
-    reserve_disk_gb: float = Field(1.0, ge=0.0, description="disk left free after the store is written")
+    max_tokens_per_batch: int = Field(default=16384, ge=1, description="tokens per extraction batch (padding included)")
+    sglang_tp_size: int = Field(default=8, ge=1, description="tensor-parallel size of the SGLang engine")
+    reserve_disk_gb: float = Field(default=1.0, ge=0.0, description="disk left free after the store is written")
 
     def model_dir(self) -> Path:
         """The checkpoint directory, building the tiny target on first use."""
