@@ -33,6 +33,7 @@ from eagle_assets.draft.run_config import (
     TrainKnobs,
     VocabSpec,
 )
+from eagle_assets.durable_files import publishing_directory
 from eagle_assets.k8s_placement import gpu_step_tags
 from resources.serving.resource import ServingEngineResource
 from resources.target.resource import TargetModelResource
@@ -117,14 +118,13 @@ def publish_export(export: Path, latest: Path) -> None:
     """``latest/export`` := a copy of the run's export, plus ``latest/export-vllm`` as a relative symlink to it.
 
     One folder serves both engines (``eagle_assets/draft/export.py``); the alias only keeps the path of the
-    former vLLM-only folder working. Built beside ``latest`` and swapped in, so a reader sees a whole export.
+    former vLLM-only folder working. Published as a new version (``durable_files.publishing_directory``):
+    ``latest`` resolves to a whole export at every moment, a crash leaves the previous one, and an engine
+    that is still loading the previous one keeps it for a while.
     """
-    tmp = latest.with_name(".latest.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(export, tmp / "export")
-    (tmp / "export-vllm").symlink_to("export", target_is_directory=True)
-    shutil.rmtree(latest, ignore_errors=True)
-    tmp.rename(latest)
+    with publishing_directory(latest) as staged:
+        shutil.copytree(export, staged / "export")
+        (staged / "export-vllm").symlink_to("export", target_is_directory=True)
 
 
 def train_run_config(

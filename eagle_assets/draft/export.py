@@ -1,7 +1,8 @@
 """Export a trained draft as one ``LlamaForCausalLMEagle3`` folder that SGLang and vLLM both load, and load it back.
 
-Layout written (atomically: built in a sibling temporary folder, then renamed; folder 0755, files 0644 so
-that a server running as another user can read them)::
+Layout written (atomically: published as a new version that ``<out>`` then links to, see
+``durable_files.publishing_directory``; folder 0755, files 0644 so that a server running as another user can
+read them)::
 
     <out>/config.json          architectures ["LlamaForCausalLMEagle3"], model_type "llama", geometry,
                                vocab_size (target), draft_vocab_size, target_hidden_size, tie_word_embeddings
@@ -55,9 +56,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
-import uuid
 import warnings
 from pathlib import Path
 from typing import Any
@@ -65,6 +63,7 @@ from typing import Any
 import torch
 
 from eagle_assets.draft.model import Eagle3Config, Eagle3Draft
+from eagle_assets.durable_files import publishing_directory
 from eagle_assets.errors import EagleForgeWarning
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
@@ -197,7 +196,8 @@ def _export_tensors(model: Eagle3Draft, dtype: torch.dtype) -> dict[str, torch.T
 
 
 def export_draft(model: Eagle3Draft, out_dir: str | Path, *, dtype: torch.dtype = torch.bfloat16) -> Path:
-    """Write ``config.json`` + ``model.safetensors``; replaces an existing folder only once the new one is complete.
+    """Write ``config.json`` + ``model.safetensors``; ``out_dir`` resolves to the previous export until the new one
+    is complete (``durable_files.publishing_directory``), and to one whole export at every moment.
 
     A draft the two engines would serve differently (``embedding_divergence``) is still exported, with an
     ``EngineEmbeddingWarning`` and the reason in ``config.json``'s ``eagle_forge.warnings``.
@@ -210,24 +210,12 @@ def export_draft(model: Eagle3Draft, out_dir: str | Path, *, dtype: torch.dtype 
         warnings.warn(divergence, EngineEmbeddingWarning, stacklevel=2)
 
     out = Path(out_dir).expanduser().absolute()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
-        save_file(_export_tensors(model, dtype), str(tmp / WEIGHTS), metadata={"format": "pt"})
-        write_config(tmp, model.config, dtype=dtype)
-        for f in tmp.iterdir():
+    with publishing_directory(out) as staged:
+        save_file(_export_tensors(model, dtype), str(staged / WEIGHTS), metadata={"format": "pt"})
+        write_config(staged, model.config, dtype=dtype)
+        for f in staged.iterdir():
             f.chmod(FILE_MODE)
-            with f.open("rb") as h:
-                os.fsync(h.fileno())
-        tmp.chmod(DIR_MODE)
-        if out.exists():
-            stale = out.parent / f".{out.name}.stale-{uuid.uuid4().hex[:8]}"
-            os.rename(out, stale)
-            shutil.rmtree(stale, ignore_errors=True)
-        os.rename(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        staged.chmod(DIR_MODE)
     return out
 
 

@@ -44,8 +44,6 @@ import hashlib
 import json
 import math
 import os
-import shutil
-import uuid
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -55,6 +53,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers reads its en
 
 import torch
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+from eagle_assets.durable_files import discard_staged, publish_directory, stage_directory
 
 KIMI_VOCAB_SIZE = 163_840
 KIMI_BOS_ID = 163_584  # [BOS]
@@ -195,55 +195,35 @@ def _is_complete(path: Path, spec: TinyTargetSpec) -> bool:
     return bool(files) and all((path / f).is_file() and (path / f).stat().st_size == n for f, n in files.items())
 
 
-def _fsync_tree(path: Path) -> None:
-    for p in path.rglob("*"):
-        if p.is_file():
-            with p.open("rb") as f:
-                os.fsync(f.fileno())
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def build_tiny_target(path: str | Path, seed: int = 0, spec: TinyTargetSpec | None = None) -> Path:
     """Save the tiny target to ``path`` (safetensors) unless a complete copy with the same spec is there.
 
-    Built in a sibling temporary directory and renamed into place, so a crash never leaves a
-    half-written model at ``path`` and concurrent builders do not corrupt each other (the first
-    rename wins; the others discard their copy).
+    Published as a new version of ``path`` (``durable_files.stage_directory``/``publish_directory``), so
+    ``path`` always resolves to a whole model, a crash never leaves a half-written one there, and a process
+    still loading the previous model keeps it. Concurrent builders each build their own copy; one that
+    finds a complete model published meanwhile discards its copy.
     """
     spec = spec or TinyTargetSpec(seed=seed)
     if spec.seed != seed and seed != 0:
         raise ValueError("pass the seed either as `seed` or inside `spec`, not both")
-    path = Path(path).expanduser().resolve()
+    # Only the parent is resolved: ``path`` itself is the published link, never one version behind it.
+    path = Path(path).expanduser()
+    path = path.parent.resolve() / path.name
     if _is_complete(path, spec):
         return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    staged = stage_directory(path)
     try:
         model = make_tiny_target(spec)
         with _quiet_transformers():
-            model.save_pretrained(tmp, safe_serialization=True)
-        files = {p.name: p.stat().st_size for p in tmp.iterdir() if p.is_file()}
-        (tmp / COMPLETE_MARKER).write_text(
+            model.save_pretrained(staged, safe_serialization=True)
+        files = {p.name: p.stat().st_size for p in staged.iterdir() if p.is_file()}
+        (staged / COMPLETE_MARKER).write_text(
             json.dumps({"fingerprint": spec.fingerprint(), "spec": asdict(spec), "files": files}, indent=2)
         )
-        _fsync_tree(tmp)
-        if path.exists():
-            if _is_complete(path, spec):  # someone else finished first
-                return path
-            stale = path.parent / f".{path.name}.stale-{uuid.uuid4().hex[:8]}"
-            os.rename(path, stale)
-            shutil.rmtree(stale, ignore_errors=True)
-        try:
-            os.rename(tmp, path)
-        except OSError:
-            if not _is_complete(path, spec):
-                raise
+        if not _is_complete(path, spec):  # else someone else finished first
+            publish_directory(path, staged)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        discard_staged(staged)
     return path
 
 

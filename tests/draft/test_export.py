@@ -130,4 +130,8 @@ def test_embeddings_saved_only_when_configured(tmp_path):
     with pytest.raises(ValueError, match="embed_weight"):
         load_draft(out2)
     export_draft(m2, out2, dtype=torch.float32)  # overwrite in place
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["with", "without"]
+    # The two public names, and their versions in the one folder beside them (durable_files.publishing_directory):
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".published", "with", "without"]
+    assert sorted(p.name for p in (tmp_path / ".published").iterdir()) == ["with", "without"]
+    assert not [p for p in (tmp_path / ".published").rglob(".tmp-*")]  # no temporaries left
+    assert out2.is_symlink() and len([v for v in (tmp_path / ".published" / "without").iterdir() if v.is_dir()]) == 2
