@@ -100,7 +100,7 @@ def supersedes(earlier: dict[str, Any] | None) -> bool:
 
 def read_records(path: Path) -> list[dict[str, Any]]:
     """Intact records, one per prompt id: its kept answer, else its latest skip (in first-seen order)."""
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str | None, dict[str, Any]] = {}  # a record without an id (none is written so) keys None
     for record in scan(path).records:
         pid = record.get("prompt_id")
         if supersedes(out.get(pid)):

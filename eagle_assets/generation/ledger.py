@@ -39,9 +39,11 @@ its lease expires, and its open reservations are then charged at their worst cas
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -186,6 +188,12 @@ class UncertainAttempt:
     charged_at: float
     lookups: int
     next_lookup: float
+
+
+def _uncertain_attempt(row: Sequence[Any]) -> UncertainAttempt:
+    """The attempt of an ``uncertain`` row read as (generation_id, spend_id, dataset, partition, prompt_id,
+    provisional_usd, charged_at, lookups, next_lookup), money in nano-USD."""
+    return UncertainAttempt(row[0], row[1], row[2], row[3], row[4], row[5] / NANO, row[6], row[7], row[8])
 
 
 @dataclass(frozen=True)
@@ -337,7 +345,7 @@ class BudgetLedger:
         self.recover_dead_owners()
 
     # --- plumbing ---------------------------------------------------------------------------
-    def _tx(self, durable: bool = True):  # type: ignore[no-untyped-def]
+    def _tx(self, durable: bool = True) -> AbstractContextManager[Cursor]:
         return self.db.tx(durable)
 
     def _beat(self) -> bool:
@@ -867,7 +875,10 @@ class BudgetLedger:
             (owner,),
         ).fetchall()
         orphans = [
-            Reservation(*row[:4], row[4] / NANO, row[5], row[6], bool(row[7]), row[8] / NANO, row[9]) for row in rows
+            Reservation(
+                row[0], row[1], row[2], row[3], row[4] / NANO, row[5], row[6], bool(row[7]), row[8] / NANO, row[9]
+            )
+            for row in rows
         ]
         self._close_many(
             cur,
@@ -942,7 +953,7 @@ class BudgetLedger:
             cur.executemany(
                 "UPDATE uncertain SET next_lookup = ? WHERE generation_id = ?", [(now + claim_s, r[0]) for r in rows]
             )
-        return [UncertainAttempt(*r[:5], r[5] / NANO, *r[6:]) for r in rows]
+        return [_uncertain_attempt(r) for r in rows]
 
     def uncertain_attempts(self, partition: str | None = None) -> list[UncertainAttempt]:
         """Every attempt still awaiting settlement (of one partition, or all)."""
@@ -955,7 +966,7 @@ class BudgetLedger:
                 q + (" WHERE partition = ?" if partition else "") + " ORDER BY charged_at",
                 (partition,) if partition else (),
             ).fetchall()
-        return [UncertainAttempt(*r[:5], r[5] / NANO, *r[6:]) for r in rows]
+        return [_uncertain_attempt(r) for r in rows]
 
     def reschedule_uncertain(self, items: Iterable[tuple[str, float]]) -> None:
         """One more lookup found nothing (404: not indexed yet): count it and set when to look again."""

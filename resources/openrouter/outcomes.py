@@ -177,6 +177,12 @@ class _ErrorFields:
 _GENERIC = re.compile(r"^(provider returned error|upstream error from provider)\.?$", re.I)
 
 
+def _dict_at(holder: dict[str, Any], key: str) -> dict[str, Any]:
+    """``holder[key]`` when it is an object, else an empty one: an answer may give any JSON (or nothing) there."""
+    value = holder.get(key)
+    return value if isinstance(value, dict) else {}
+
+
 def _error_fields(body: dict[str, Any]) -> _ErrorFields:
     err = body.get("error")
     if not isinstance(err, dict):
@@ -186,9 +192,9 @@ def _error_fields(body: dict[str, Any]) -> _ErrorFields:
         code = int(raw_code) if raw_code is not None else None
     except (TypeError, ValueError):
         code = None
-    meta = err.get("metadata") if isinstance(err.get("metadata"), dict) else {}
-    availability = err.get("availability") if isinstance(err.get("availability"), dict) else {}
-    meta_availability = meta.get("availability") if isinstance(meta.get("availability"), dict) else {}
+    meta = _dict_at(err, "metadata")
+    availability = _dict_at(err, "availability")
+    meta_availability = _dict_at(meta, "availability")
     retryable = None
     for holder in (err, meta, availability, meta_availability):
         if isinstance(holder.get("retryable"), bool):
@@ -214,10 +220,10 @@ def _usage_cost(body: dict[str, Any]) -> float | None:
 
 def _produced(body: dict[str, Any], choice: dict[str, Any]) -> bool:
     """Whether an answer that ended in an error had produced output first (text, tool calls, tokens)."""
-    msg = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+    msg = _dict_at(choice, "message")
     if any(msg.get(k) for k in ("content", "reasoning", "reasoning_content", "tool_calls")):
         return True
-    usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+    usage = _dict_at(body, "usage")
     try:
         return int(usage.get("completion_tokens") or 0) > 0
     except (TypeError, ValueError):

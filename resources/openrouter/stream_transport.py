@@ -72,6 +72,27 @@ def dechunk(data: bytes) -> tuple[bytes, bool]:
 class _Conn(asyncio.Protocol):
     """One keep-alive connection carrying one request at a time."""
 
+    # The state of the request being answered, set by ``start`` (declared here: the callbacks above it read it).
+    on_generation_id: Callable[[str], None] | None
+    parts: list[bytes]
+    head: bool
+    status: int | None
+    headers: dict[str, str]
+    chunked: bool
+    length: int | None
+    keep_alive: bool
+    size: int
+    tail: bytes
+    paused: bool
+    interval: float
+    dense_gap: float
+    idle: float
+    last_data: float
+    error: str | None
+    _resume_handle: asyncio.TimerHandle | None
+    _total_handle: asyncio.TimerHandle
+    _idle_handle: asyncio.TimerHandle
+
     def __init__(self, pool: "StreamPool") -> None:
         self.pool = pool
         self.loop = asyncio.get_running_loop()
@@ -153,12 +174,12 @@ class _Conn(asyncio.Protocol):
     ) -> asyncio.Future[None]:
         assert self.transport is not None
         self.on_generation_id = on_generation_id
-        self.parts: list[bytes] = []
+        self.parts = []
         self.head = False
-        self.status: int | None = None
-        self.headers: dict[str, str] = {}
+        self.status = None
+        self.headers = {}
         self.chunked = False
-        self.length: int | None = None
+        self.length = None
         self.keep_alive = True
         self.size = 0
         self.tail = b""
@@ -170,8 +191,8 @@ class _Conn(asyncio.Protocol):
         self.dense_gap = self.interval / 2
         self.idle = idle_s
         self.last_data = self.loop.time()
-        self.error: str | None = None
-        self._resume_handle: asyncio.TimerHandle | None = None
+        self.error = None
+        self._resume_handle = None
         self._done = self.loop.create_future()
         self._total_handle = self.loop.call_later(total_s, self._abort, "timeout")
         self._idle_handle = self.loop.call_later(idle_s, self._idle_check)
