@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", category=dg.BetaWarning)
     home = ensure_dagster_home()
     from eagle_assets import definitions  # after DAGSTER_HOME is set
-    from eagle_assets.assets.corpus import CORPUS_KEY, CORPUS_SHARDS
+    from eagle_assets.assets.corpus import CORPUS_KEY, CORPUS_SHARDS_NAME
     from eagle_assets.assets.draft import (
         BENCHMARK_KEY,
         DRAFT_KEY,
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         return finish(demo, start, home, sim)
 
     print("3/5 hidden states of the tiny target, per corpus shard, with their fidelity checks", flush=True)
-    for shard in sorted(instance.get_dynamic_partitions(CORPUS_SHARDS.name)):
+    for shard in sorted(instance.get_dynamic_partitions(CORPUS_SHARDS_NAME)):
         if shard.startswith("train-"):
             demo.materialize([HIDDEN_STATES_KEY], f"hidden_states/{shard}", partition=shard)
             for _, summary in check_summaries(demo.last_result) if demo.last_result else []:
@@ -169,7 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     if demo.materialize(
         [BENCHMARK_KEY], "draft_benchmark", config={"draft_benchmark": {"config": TINY_TARGET_BENCHMARK_CONFIG}}
     ):
-        md = instance.get_latest_materialization_event(BENCHMARK_KEY).asset_materialization.metadata
+        event = instance.get_latest_materialization_event(BENCHMARK_KEY)
+        assert event is not None and event.asset_materialization is not None  # it was just materialized
+        md = event.asset_materialization.metadata
         print(
             f"  acceptance length τ: trained {md['acceptance_length'].value:.2f}, "
             f"untrained {md['acceptance_length_untrained'].value:.2f}; per position "

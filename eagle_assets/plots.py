@@ -77,7 +77,7 @@ def tau_comparison_md(
     width = 0.8 / max(len(groups), 1)
     for g, (name, values, ref) in enumerate(groups):
         xs = [i + g * width for i, n in enumerate(names) if values.get(n) is not None]
-        ys = [values[n] for n in names if values.get(n) is not None]
+        ys = [v for n in names if (v := values.get(n)) is not None]
         if xs:
             ax.bar(xs, ys, width=width, label=name, hatch="//" if ref else None, alpha=0.55 if ref else 1.0)
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(names))], [labels[n] for n in names])

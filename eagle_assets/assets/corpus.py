@@ -30,7 +30,8 @@ from resources.duckdb.resource import DuckDBResource
 
 CORPUS_GROUP = "corpus"
 CORPUS_KEY = dg.AssetKey(["corpus"])
-CORPUS_SHARDS = dg.DynamicPartitionsDefinition(name="corpus_shard")
+CORPUS_SHARDS_NAME = "corpus_shard"  # the definition's name, typed str (``.name`` is optional in dagster)
+CORPUS_SHARDS = dg.DynamicPartitionsDefinition(name=CORPUS_SHARDS_NAME)
 
 
 def corpus_dir() -> Path:
@@ -123,12 +124,12 @@ def build_corpus_asset(datasets: Sequence[DatasetSpec]) -> dg.AssetsDefinition:
 
 def sync_shard_partitions(instance: dg.DagsterInstance, keys: Sequence[str]) -> None:
     """Make the hidden-state partitions exactly the corpus shards (a re-merge may change their number)."""
-    current = set(instance.get_dynamic_partitions(CORPUS_SHARDS.name))
+    current = set(instance.get_dynamic_partitions(CORPUS_SHARDS_NAME))
     new = [k for k in keys if k not in current]
     if new:
-        instance.add_dynamic_partitions(CORPUS_SHARDS.name, new)
+        instance.add_dynamic_partitions(CORPUS_SHARDS_NAME, new)
     for stale in sorted(current - set(keys)):
-        instance.delete_dynamic_partition(CORPUS_SHARDS.name, stale)
+        instance.delete_dynamic_partition(CORPUS_SHARDS_NAME, stale)
 
 
 def dataset_spend_usd(names: Sequence[str]) -> dict[str, float]:

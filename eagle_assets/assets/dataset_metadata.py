@@ -1,5 +1,7 @@
 """What a generation partition shows about its data in the UI: source and commit, format, rows, rejects, mode."""
 
+from collections.abc import Sequence
+
 import dagster as dg
 
 from eagle_assets.generation.partition_inputs import PartitionInputs
@@ -7,7 +9,7 @@ from eagle_assets.generation.partition_inputs import PartitionInputs
 MAX_PROBLEMS_SHOWN = 20
 
 
-def _table(header: tuple[str, str], rows: list[tuple[object, object]]) -> str:
+def _table(header: tuple[str, str], rows: Sequence[tuple[object, object]]) -> str:
     return "\n".join([f"| {header[0]} | {header[1]} |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows])
 
 

@@ -219,7 +219,7 @@ def _results_metadata(results: list[SetResult], config: BenchmarkConfig, engine:
     if with_rates:
         md["per_position_plot"] = dg.MetadataValue.md(
             grouped_bars_md(
-                with_rates,  # type: ignore[arg-type]
+                with_rates,
                 [f"pos {i + 1}" for i in range(spec.num_steps)],
                 "share of verifications accepting each draft position",
                 "accepted",

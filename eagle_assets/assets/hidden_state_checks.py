@@ -122,6 +122,6 @@ def check_summaries(result: dg.ExecuteInProcessResult) -> list[tuple[bool, str]]
     out = []
     for event in result.all_events:
         if event.event_type_value == "ASSET_CHECK_EVALUATION":
-            data = event.event_specific_data
+            data = event.asset_check_evaluation_data
             out.append((bool(data.passed), data.description or data.check_name))
     return out

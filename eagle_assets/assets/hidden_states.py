@@ -128,13 +128,13 @@ def hidden_states(
         from eagle_assets.hidden_states.extract_sglang import SGLangCaptureConfig, extract_sglang
         from eagle_assets.hidden_states.layers import resolve_aux_layers
 
-        config = SGLangCaptureConfig(
+        sglang_config = SGLangCaptureConfig(
             model_path=str(model_dir),
             layers=resolve_aux_layers(dims.num_layers, target.layers()),
             tp_size=target.sglang_tp_size,
             max_tokens_per_batch=target.max_tokens_per_batch,
         )
-        reports = extract_sglang({key: samples}, out, config, model_id=target.model_id(), dtype=target.dtype())
+        reports = extract_sglang({key: samples}, out, sglang_config, model_id=target.model_id(), dtype=target.dtype())
         skipped = min(r.shards_skipped for r in reports.values())
         tokens_per_s = min(r.tokens_per_s for r in reports.values())
     elapsed = time.monotonic() - started

@@ -43,7 +43,7 @@ def length_metadata(lengths: dict[str, float | int | str]) -> dict[str, dg.Metad
     }
 
 
-def build_tokenized_asset(spec: DatasetSpec, partitions_def: dg.PartitionsDefinition) -> dg.AssetsDefinition:
+def build_tokenized_asset(spec: DatasetSpec, partitions_def: dg.PartitionsDefinition | None) -> dg.AssetsDefinition:
     @dg.asset(
         key=tokenized_asset_key(spec.name),
         deps=[generated_asset_key(spec.name)],

@@ -79,7 +79,7 @@ def results_table(results: Sequence[SetResult], num_steps: int) -> str:
     head = ["benchmark", "τ", *labels, "tok/s with draft", "tok/s without", "speedup", "requests"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
-        rates = r.position_rates or [None] * num_steps
+        rates: Sequence[float | None] = r.position_rates or [None] * num_steps
         done = "" if r.complete else " (incomplete)"
         cells = [
             r.label + done,

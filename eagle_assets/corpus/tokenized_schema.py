@@ -72,12 +72,19 @@ COLUMNS: tuple[str, ...] = tuple(ARROW_SCHEMA.names)
 
 
 class ReconstructionLike(Protocol):
-    """What ``tokenization.reconstruction.Reconstruction`` provides (kept structural: no tokenizer import)."""
+    """What ``tokenization.reconstruction.Reconstruction`` provides (kept structural: no tokenizer import).
 
-    input_ids: Sequence[int]
-    loss_mask: Sequence[int]
-    prompt_len: int
-    completion_len: int
+    Read-only members: a frozen dataclass (or any record) satisfies them, and nothing here writes them.
+    """
+
+    @property
+    def input_ids(self) -> Sequence[int]: ...
+    @property
+    def loss_mask(self) -> Sequence[int]: ...
+    @property
+    def prompt_len(self) -> int: ...
+    @property
+    def completion_len(self) -> int: ...
 
 
 def tokenized_row(

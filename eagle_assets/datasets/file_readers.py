@@ -15,7 +15,7 @@ import io
 from collections.abc import Container, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any, BinaryIO
 
 import orjson
 
@@ -63,7 +63,7 @@ def file_kind(path: Path | str) -> str:
     )
 
 
-def _open_jsonl(path: Path) -> IO[bytes]:
+def _open_jsonl(path: Path) -> BinaryIO | gzip.GzipFile:
     name = path.name.lower()
     if name.endswith(".gz"):
         return gzip.open(path, "rb")

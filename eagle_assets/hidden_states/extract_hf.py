@@ -70,7 +70,7 @@ def num_decoder_layers(model: nn.Module) -> int:
 
 
 def hidden_size_of(model: nn.Module) -> int:
-    cfg = getattr(model, "config", None)
+    cfg: Any = getattr(model, "config", None)  # an HF config, of whichever class: read by duck typing
     cfg = getattr(cfg, "text_config", None) or cfg
     return int(cfg.hidden_size)
 
@@ -207,7 +207,9 @@ def extract_hf(
         dev = torch.device(device) if device is not None else pick_device()
         mdt = model_dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
         model_id = model_id or str(model)
-        model = AutoModelForCausalLM.from_pretrained(Path(model), dtype=mdt, local_files_only=True).to(dev)
+        # Held as a Module: transformers' ``@wraps(nn.Module.to)`` hides from mypy that its ``to`` is a method.
+        loaded: nn.Module = AutoModelForCausalLM.from_pretrained(Path(model), dtype=mdt, local_files_only=True)
+        model = loaded.to(dev)
     elif device is not None:
         model = model.to(device)
     if model_id is None:

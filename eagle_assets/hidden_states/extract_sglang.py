@@ -56,7 +56,7 @@ class SGLangResponseError(TargetError, RuntimeError):
 def import_sglang() -> Any:
     """Import SGLang or raise an error that says how to get it."""
     try:
-        import sglang  # type: ignore[import-not-found]
+        import sglang
     except ImportError as exc:
         raise SGLangUnavailableError(
             f"the SGLang hidden-state backend needs SGLang, which is not installed: {SGLANG_INSTALL}. "

@@ -53,7 +53,7 @@ def pick_calibration_samples(masks: Sequence[Sequence[int]], config: FidelityCon
 
 
 def pick_positions(
-    masks: Sequence[Sequence[int]],
+    masks: Sequence[Sequence[int] | np.ndarray],
     n: int,
     seed: int,
     shard_key: str,

@@ -276,7 +276,7 @@ def _rows_at(shard: StoreShard, offsets: Sequence[int], positions: Sequence[tupl
 def _scan_finite(shard: StoreShard, rows: Sequence[int], full: bool) -> dict[str, int]:
     """Non-finite values per feature: every row of the shard (``full``), else the given rows."""
     out = {}
-    total = shard.tensor("sample_offsets")[-1].item()
+    total = int(shard.tensor("sample_offsets")[-1].item())
     for feature in shard.meta.features:
         bad = 0
         if full:
@@ -527,5 +527,5 @@ def merge_outcomes(name: str, outcomes: Sequence[CheckOutcome]) -> CheckOutcome:
         return outcomes[0]
     failed = [o for o in outcomes if not o.passed]
     chosen = failed or list(outcomes)
-    metadata = {f"{i}": o.summary for i, o in enumerate(outcomes)}
+    metadata: dict[str, float | int | str] = {f"{i}": o.summary for i, o in enumerate(outcomes)}
     return CheckOutcome(name, not failed, " | ".join(o.summary for o in chosen), metadata)

@@ -90,7 +90,8 @@ class TinyTargetSpec:
 
 
 def tiny_config(spec: TinyTargetSpec) -> LlamaConfig:
-    return LlamaConfig(
+    # rope_theta: a legacy keyword that LlamaConfig's __post_init__ still takes (as **kwargs), unseen by mypy.
+    return LlamaConfig(  # type: ignore[call-arg]
         vocab_size=spec.vocab_size,
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
@@ -232,7 +233,8 @@ def load_target(path: str | Path, device: str | torch.device = "cpu", dtype: tor
     from transformers import AutoModelForCausalLM
 
     with _quiet_transformers():
-        model = AutoModelForCausalLM.from_pretrained(Path(path), dtype=dtype, local_files_only=True)
+        # Held as a Module: transformers' ``@wraps(nn.Module.to)`` hides from mypy that its ``to`` is a method.
+        model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(Path(path), dtype=dtype, local_files_only=True)
     return model.to(device).eval()
 
 

@@ -104,7 +104,10 @@ class KimiHFTokenizer(PreTrainedTokenizer):
     def __len__(self) -> int:
         return self.kimi.vocab_size
 
-    def tokenize(self, text: str, **kwargs: Any) -> list[str]:
+    def tokenize(
+        self, text: str, pair: str | None = None, add_special_tokens: bool = False, **kwargs: Any
+    ) -> list[str]:
+        # HF's signature; ``pair`` and ``add_special_tokens`` change nothing here (the encoder adds no specials).
         split_special = kwargs.pop("split_special_tokens", self.split_special_tokens)
         ids = self.kimi.encode_ordinary(text) if split_special else self.kimi.encode_with_special(text)
         return [self._tokens[i] for i in ids]
@@ -173,7 +176,7 @@ class KimiHFTokenizer(PreTrainedTokenizer):
             # with the release's tool declaration.
             declaration = declare_tools(tools)
             return super().apply_chat_template(
-                conversation,
+                conversation,  # type: ignore[arg-type]  # HF types messages as dict[str, str]: ours hold tool calls
                 tools=declaration.tools,
                 documents=documents,
                 chat_template=chat_template,

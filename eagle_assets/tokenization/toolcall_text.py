@@ -44,7 +44,7 @@ class ParsedToolText:
 
 
 def contains_tool_markup(text: str | None) -> bool:
-    return bool(text) and _FIRST_MARKER.search(text) is not None
+    return text is not None and _FIRST_MARKER.search(text) is not None
 
 
 def function_name_from_id(tool_id: str) -> str:
