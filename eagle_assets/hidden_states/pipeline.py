@@ -22,6 +22,7 @@ import torch
 from eagle_assets.hidden_states.store import (
     INDEX_NAME,
     HiddenStateSample,
+    ShardWriter,
     StoreMeta,
     StoreWriter,
     as_sample,
@@ -142,34 +143,14 @@ def run_extraction(
     items = normalize_shards(shards)
     writer = StoreWriter(out_dir, meta)
     tokens_total = sum(len(s) for _, ss in items for s in ss)
-
-    pending: list[int] = []
-    tokens_done = 0
-    recorded = _recorded_files(writer)
-    recorded_names = {name for name, _ in recorded}
-    for idx, (key, samples) in enumerate(items):
-        if writer.is_complete(idx, key, group, samples):
-            if (shard_file_name(idx, group, meta.features), input_fingerprint(samples)) not in recorded:
-                writer.record(idx, key, group, samples)  # crash between rename and index update
-            tokens_done += sum(len(s) for s in samples)
-        else:
-            name = shard_file_name(idx, group, meta.features)
-            writer.discard(idx, group, listed=name in recorded_names)
-            pending.append(idx)
+    pending = _resume(writer, items, group)
     skipped = len(items) - len(pending)
-
     if check_space and pending:
-        n_tok = sum(len(s) for i in pending for s in items[i][1])
-        need = estimate_store_bytes(
-            n_tok,
-            meta.hidden_size,
-            n_aux=meta.layers.n_aux if "aux" in group else 0,
-            with_last="last" in group,
-            dtype_bytes=torch.empty((), dtype=meta.dtype).element_size(),
-        )
-        check_disk(writer.directory, need, reserve_bytes=reserve_bytes)
+        _check_space(writer, group, [items[i][1] for i in pending], reserve_bytes)
 
     start = time.perf_counter()
+    todo = set(pending)
+    tokens_done = sum(len(s) for i, (_, ss) in enumerate(items) if i not in todo for s in ss)
     computed_tokens = 0
     shards_done = skipped
 
@@ -179,40 +160,18 @@ def run_extraction(
             rate = computed_tokens / elapsed if elapsed > 0 else 0.0
             progress(Progress(event, tokens_done, tokens_total, rate, shards_done, len(items), shard_index))
 
-    # One background thread writes while the next batch computes (pwrite releases the GIL); at most
-    # two batches are in flight so host memory stays bounded.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="hs-writer") as pool:
         for idx in pending:
             key, samples = items[idx]
+
+            def batch_done(n: int, idx: int = idx) -> None:
+                nonlocal tokens_done, computed_tokens
+                tokens_done += n
+                computed_tokens += n
+                report("batch", idx)
+
             shard_writer = writer.open_shard(idx, key, group, samples)
-            inflight: list[Future[None]] = []
-            try:
-                lengths = [len(s) for s in samples]
-                for batch in plan_batches(lengths, max_tokens_per_batch, sort_by_length=sort_by_length):
-                    feats = compute([samples[i] for i in batch])
-                    if len(feats) != len(batch):
-                        raise RuntimeError(f"backend returned {len(feats)} feature sets for a batch of {len(batch)}")
-                    picked = [{f: fe[f] for f in group} for fe in feats]
-                    while len(inflight) >= 2:
-                        inflight.pop(0).result()
-                    inflight.append(pool.submit(_write_batch, shard_writer, batch, picked))
-                    n = sum(lengths[i] for i in batch)
-                    tokens_done += n
-                    computed_tokens += n
-                    report("batch", idx)
-                for fut in inflight:
-                    fut.result()
-                inflight.clear()
-                shard_writer.commit()
-            except BaseException:
-                for fut in inflight:
-                    fut.cancel()
-                for fut in inflight:
-                    if not fut.cancelled():
-                        with contextlib.suppress(Exception):  # the original error is what matters
-                            fut.result()
-                shard_writer.abort()
-                raise
+            _stream_shard(shard_writer, samples, group, compute, pool, max_tokens_per_batch, sort_by_length, batch_done)
             writer.record(idx, key, group, samples)
             shards_done += 1
             report("shard", idx)
@@ -226,6 +185,82 @@ def run_extraction(
         tokens_computed=computed_tokens,
         seconds=time.perf_counter() - start,
     )
+
+
+def _resume(
+    writer: StoreWriter, items: Sequence[tuple[str, list[HiddenStateSample]]], group: Sequence[str]
+) -> list[int]:
+    """Indices of the shards still to compute. A complete file is kept (and recorded, if a crash came between its
+    rename and the index update); anything else of the shard is discarded."""
+    features = writer.meta.features
+    pending: list[int] = []
+    recorded = _recorded_files(writer)
+    recorded_names = {name for name, _ in recorded}
+    for idx, (key, samples) in enumerate(items):
+        name = shard_file_name(idx, group, features)
+        if writer.is_complete(idx, key, group, samples):
+            if (name, input_fingerprint(samples)) not in recorded:
+                writer.record(idx, key, group, samples)
+        else:
+            writer.discard(idx, group, listed=name in recorded_names)
+            pending.append(idx)
+    return pending
+
+
+def _check_space(
+    writer: StoreWriter, group: Sequence[str], shards: Sequence[Sequence[HiddenStateSample]], reserve_bytes: int
+) -> None:
+    meta = writer.meta
+    need = estimate_store_bytes(
+        sum(len(s) for samples in shards for s in samples),
+        meta.hidden_size,
+        n_aux=meta.layers.n_aux if "aux" in group else 0,
+        with_last="last" in group,
+        dtype_bytes=torch.empty((), dtype=meta.dtype).element_size(),
+    )
+    check_disk(writer.directory, need, reserve_bytes=reserve_bytes)
+
+
+def _stream_shard(
+    shard_writer: ShardWriter,
+    samples: Sequence[HiddenStateSample],
+    group: Sequence[str],
+    compute: BatchFn,
+    pool: ThreadPoolExecutor,
+    max_tokens_per_batch: int,
+    sort_by_length: bool,
+    batch_done: Callable[[int], None],
+) -> None:
+    """Compute one shard batch by batch and commit its file; on any error the file is removed.
+
+    ``pool``'s one thread writes while the next batch computes (pwrite releases the GIL); at most two batches
+    are in flight so host memory stays bounded.
+    """
+    inflight: list[Future[None]] = []
+    try:
+        lengths = [len(s) for s in samples]
+        for batch in plan_batches(lengths, max_tokens_per_batch, sort_by_length=sort_by_length):
+            feats = compute([samples[i] for i in batch])
+            if len(feats) != len(batch):
+                raise RuntimeError(f"backend returned {len(feats)} feature sets for a batch of {len(batch)}")
+            picked = [{f: fe[f] for f in group} for fe in feats]
+            while len(inflight) >= 2:
+                inflight.pop(0).result()
+            inflight.append(pool.submit(_write_batch, shard_writer, batch, picked))
+            batch_done(sum(lengths[i] for i in batch))
+        for fut in inflight:
+            fut.result()
+        inflight.clear()
+        shard_writer.commit()
+    except BaseException:
+        for fut in inflight:
+            fut.cancel()
+        for fut in inflight:
+            if not fut.cancelled():
+                with contextlib.suppress(Exception):  # the original error is what matters
+                    fut.result()
+        shard_writer.abort()
+        raise
 
 
 def _write_batch(shard_writer: Any, batch: Sequence[int], feats: Sequence[Mapping[str, torch.Tensor]]) -> None:
