@@ -52,13 +52,15 @@ class DraftTrainConfig(dg.Config, TrainKnobs):
     (``run_identity``), so a renamed field or changed default starts a new run instead of resuming.
     """
 
-    draft_vocab_size: int = Field(32000, ge=16, description="reduced draft vocabulary (most frequent corpus tokens)")
-    max_length: int = Field(4096, ge=0, description="truncate samples (0: never)")
+    draft_vocab_size: int = Field(
+        default=32000, ge=16, description="reduced draft vocabulary (most frequent corpus tokens)"
+    )
+    max_length: int = Field(default=4096, ge=0, description="truncate samples (0: never)")
     # A re-materialization resumes from the last checkpoint, so the platform keeps some on the way (the trainer's
     # default: only at the end).
-    checkpoint_every: int = Field(200, ge=0, description="steps between checkpoints (0: only at the end)")
-    log_every: int = Field(10, ge=1)
-    nproc_per_node: int = Field(0, ge=0, description="DDP processes (0: one per visible GPU, at least one)")
+    checkpoint_every: int = Field(default=200, ge=0, description="steps between checkpoints (0: only at the end)")
+    log_every: int = Field(default=10, ge=1)
+    nproc_per_node: int = Field(default=0, ge=0, description="DDP processes (0: one per visible GPU, at least one)")
 
 
 # The defaults above are sized for a real target (Kimi: 32k draft vocabulary, long samples, many GPUs).
@@ -96,9 +98,9 @@ def training_run_config(tiny_target: bool) -> dict[str, object]:
 
 
 def train_partitions(instance: dg.DagsterInstance) -> list[str]:
-    from eagle_assets.assets.corpus import CORPUS_SHARDS
+    from eagle_assets.assets.corpus import CORPUS_SHARDS_NAME
 
-    return sorted(k for k in instance.get_dynamic_partitions(CORPUS_SHARDS.name) if k.startswith("train-"))
+    return sorted(k for k in instance.get_dynamic_partitions(CORPUS_SHARDS_NAME) if k.startswith("train-"))
 
 
 def run_identity(model_id: str, shards: dict[str, str], config: DraftTrainConfig) -> str:

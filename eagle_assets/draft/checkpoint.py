@@ -23,7 +23,8 @@ LATEST = "latest.json"
 
 def rng_state() -> dict[str, Any]:
     """Plain Python values only: they travel through ``all_gather_object`` and load with ``weights_only``."""
-    np_state = np.random.get_state()
+    np_state = np.random.get_state(legacy=True)  # numpy's stub types the default call as legacy=False
+    assert isinstance(np_state, tuple)  # the global RandomState is an MT19937: its legacy state is a tuple
     state: dict[str, Any] = {
         "python": random.getstate(),
         "numpy": (np_state[0], np_state[1].tolist(), *(x.item() if hasattr(x, "item") else x for x in np_state[2:])),

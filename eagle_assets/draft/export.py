@@ -228,8 +228,8 @@ def _aux_hf_indices(d: dict[str, Any], engine: str | None) -> tuple[int, ...]:
     nested = (d.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
     if engine == "sglang" and nested:
         return hf_layer_ids(list(nested), "sglang")
-    if engine == "vllm" and (top or nested):
-        return hf_layer_ids(list(top or nested), "vllm")
+    if engine == "vllm" and (given := top or nested):
+        return hf_layer_ids(list(given), "vllm")
     if engine is None and top:
         return hf_layer_ids(list(top), "vllm")  # only vLLM reads the top-level key
     if engine is None and nested:

@@ -254,6 +254,9 @@ class Eagle3DecoderLayer(nn.Module):
 class Eagle3Draft(nn.Module):
     """The draft model. ``embed_tokens`` is the target's matrix, frozen and not saved unless configured."""
 
+    d2t: torch.Tensor  # registered buffers (declared: a Module's attribute is otherwise typed Tensor | Module)
+    t2d: torch.Tensor
+
     def __init__(self, config: Eagle3Config, embed_weight: torch.Tensor | None = None, init_std: float = 0.02):
         super().__init__()
         self.config = config
@@ -354,7 +357,7 @@ class DraftKVCache:
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         past = len(self)
         self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
-        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)  # type: ignore[list-item]
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
         groups = q.shape[1] // k.shape[1]
         tq, tk = q.shape[2], self.k.shape[2]
         allowed = torch.arange(tk, device=q.device)[None, :] <= (past + torch.arange(tq, device=q.device))[:, None]

@@ -37,17 +37,17 @@ class TrainKnobs(BaseModel):
     No ``model_config`` of its own: the Dagster config class that inherits these keeps Dagster's.
     """
 
-    lr: float = Field(1e-4, gt=0)
-    epochs: int = Field(1, ge=1)
-    max_steps: int = Field(0, ge=0, description="0: epochs × steps per epoch; sets the schedule length")
-    warmup_ratio: float = Field(0.015, ge=0, lt=1)
-    batch_size: int = Field(1, ge=1, description="rows per rank per micro-batch")
-    grad_accum: int = Field(1, ge=1)
-    grad_clip: float = Field(0.5, ge=0, description="max gradient norm (0: no clipping)")
-    ttt_steps: int = Field(7, ge=1, description="training-time-test unroll K")
-    step_weight: float = Field(0.8, gt=0, le=1, description="loss weight decay per TTT step")
-    checkpoint_every: int = Field(0, ge=0, description="steps between checkpoints (0: only at the end)")
-    seed: int = Field(0, description="shuffle seed")
+    lr: float = Field(default=1e-4, gt=0)
+    epochs: int = Field(default=1, ge=1)
+    max_steps: int = Field(default=0, ge=0, description="0: epochs × steps per epoch; sets the schedule length")
+    warmup_ratio: float = Field(default=0.015, ge=0, lt=1)
+    batch_size: int = Field(default=1, ge=1, description="rows per rank per micro-batch")
+    grad_accum: int = Field(default=1, ge=1)
+    grad_clip: float = Field(default=0.5, ge=0, description="max gradient norm (0: no clipping)")
+    ttt_steps: int = Field(default=7, ge=1, description="training-time-test unroll K")
+    step_weight: float = Field(default=0.8, gt=0, le=1, description="loss weight decay per TTT step")
+    checkpoint_every: int = Field(default=0, ge=0, description="steps between checkpoints (0: only at the end)")
+    seed: int = Field(default=0, description="shuffle seed")
 
 
 class TrainConfig(TrainKnobs, _Section):
@@ -56,33 +56,35 @@ class TrainConfig(TrainKnobs, _Section):
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.95)
     min_lr_ratio: float = 0.0
-    max_length: int = Field(0, ge=0, description="truncate rows in the trainer (0: never)")
+    max_length: int = Field(default=0, ge=0, description="truncate rows in the trainer (0: never)")
     shuffle: bool = True
     pad_id: int = 0
-    bf16: bool = Field(True, description="bf16 autocast (CUDA only)")
+    bf16: bool = Field(default=True, description="bf16 autocast (CUDA only)")
     attn_impl: Literal["auto", "eager", "sdpa"] = "auto"
-    checkpoint_dir: str = Field("", description="'': <output_dir>/checkpoints in a run, no checkpoints otherwise")
+    checkpoint_dir: str = Field(
+        default="", description="'': <output_dir>/checkpoints in a run, no checkpoints otherwise"
+    )
     keep_checkpoints: int = 2
     eval_every: int = 0
     target_chunk_tokens: int = 1024
 
 
 class TargetSpec(_Section):
-    path: str | None = Field(None, description="local Hugging Face checkpoint of the target")
+    path: str | None = Field(default=None, description="local Hugging Face checkpoint of the target")
     last_kind: Literal["post_norm", "pre_norm"] = "post_norm"
-    dtype: DType = Field("bfloat16", description="the target's dtype when it runs online (tokens data)")
+    dtype: DType = Field(default="bfloat16", description="the target's dtype when it runs online (tokens data)")
 
 
 class EmbeddingsSpec(_Section):
     kind: Literal["target", "synthetic", "random"] | None = Field(
-        None, description="None: synthetic for synthetic data, else the target's; any other is exported"
+        default=None, description="None: synthetic for synthetic data, else the target's; any other is exported"
     )
     seed: int = 0
 
 
 class VocabSpec(_Section):
     kind: Literal["from_data", "identity", "file"] = "from_data"
-    path: str | None = Field(None, description="kind file: a checkpoint with d2t, or an export folder")
+    path: str | None = Field(default=None, description="kind file: a checkpoint with d2t, or an export folder")
     force_ids: list[int] = Field(default_factory=list, description="target ids always in the draft vocabulary")
 
     @model_validator(mode="after")
@@ -99,7 +101,7 @@ class StoreData(_Section):
     path: str
     reader: str = DEFAULT_READER
     reader_kwargs: dict[str, Any] = Field(default_factory=dict)
-    max_length: int | None = Field(None, description="truncate samples (None: never)")
+    max_length: int | None = Field(default=None, description="truncate samples (None: never)")
 
 
 class TokensData(_Section):
@@ -107,12 +109,12 @@ class TokensData(_Section):
 
     kind: Literal["tokens"]
     path: str
-    max_length: int | None = Field(None, description="truncate samples (None: never)")
+    max_length: int | None = Field(default=None, description="truncate samples (None: never)")
 
 
 class SyntheticData(_Section):
     kind: Literal["synthetic"]
-    n_samples: int = Field(64, ge=1)
+    n_samples: int = Field(default=64, ge=1)
     length: tuple[int, int] = (12, 24)
     seed: int = 0
 
@@ -127,20 +129,22 @@ class ExportSpec(_Section):
 class DraftRunConfig(_Section):
     """One training run: what ``train_cli`` and ``pipes_train`` read (``--config run.json``)."""
 
-    seed: int = Field(0, description="the draft's initialisation")
+    seed: int = Field(default=0, description="the draft's initialisation")
     model: dict[str, Any] | None = Field(
-        None, description="Eagle3Config fields; or omit and give target.path + draft_vocab_size"
+        default=None, description="Eagle3Config fields; or omit and give target.path + draft_vocab_size"
     )
     draft_vocab_size: int | None = None
-    aux_layer_ids: list[int] | None = Field(None, description="HF output_hidden_states indices (with target.path)")
+    aux_layer_ids: list[int] | None = Field(
+        default=None, description="HF output_hidden_states indices (with target.path)"
+    )
     target: TargetSpec = Field(default_factory=TargetSpec)
     embeddings: EmbeddingsSpec = Field(default_factory=EmbeddingsSpec)
     vocab: VocabSpec = Field(default_factory=VocabSpec)
     data: DataSpec
     train: TrainConfig = Field(default_factory=TrainConfig)
-    output_dir: str | None = Field(None, description="checkpoints/, metrics.jsonl, export/")
-    export: ExportSpec | None = Field(None, description="one folder for SGLang and vLLM (see export.py)")
-    log_every: int = Field(1, ge=0, description="print a line every n steps (0: never)")
+    output_dir: str | None = Field(default=None, description="checkpoints/, metrics.jsonl, export/")
+    export: ExportSpec | None = Field(default=None, description="one folder for SGLang and vLLM (see export.py)")
+    log_every: int = Field(default=1, ge=0, description="print a line every n steps (0: never)")
 
     @field_validator("model")
     @classmethod

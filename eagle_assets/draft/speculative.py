@@ -24,13 +24,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import nn
 
 from eagle_assets.draft.model import DraftKVCache, Eagle3Draft
 from eagle_assets.draft.target import crop_cache, hf_forward, make_cache
+
+if TYPE_CHECKING:  # only a type here: transformers is imported where a model is loaded
+    from transformers import PreTrainedModel
 
 
 def _position_rates(accepted: Sequence[int], k: int) -> list[float]:
@@ -94,7 +96,7 @@ def _extend(
 
 @torch.inference_mode()
 def speculative_generate(
-    target: nn.Module,
+    target: PreTrainedModel,
     draft: Eagle3Draft,
     input_ids: Sequence[int] | torch.Tensor,
     max_new_tokens: int,
@@ -156,7 +158,7 @@ def speculative_generate(
 
 
 def evaluate_acceptance(
-    target: nn.Module,
+    target: PreTrainedModel,
     draft: Eagle3Draft,
     prompts: Sequence[Sequence[int]],
     max_new_tokens: int,

@@ -20,13 +20,16 @@ import inspect
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from eagle_assets.draft.model import RMSNorm
 from eagle_assets.hidden_states.store import LAST_KINDS
+
+if TYPE_CHECKING:  # only a type here: transformers is imported where a model is loaded
+    from transformers import PreTrainedModel
 
 
 def cache_kwarg(model: nn.Module) -> str:
@@ -45,7 +48,7 @@ def crop_cache(cache: Any, length: int) -> None:
         cache.crop(-remove)
 
 
-def make_cache(model: nn.Module) -> Any:
+def make_cache(model: PreTrainedModel) -> Any:
     from transformers import DynamicCache
 
     try:
@@ -56,7 +59,7 @@ def make_cache(model: nn.Module) -> Any:
 
 @torch.no_grad()
 def hf_forward(
-    model: nn.Module,
+    model: PreTrainedModel,
     input_ids: torch.Tensor,
     aux_layer_ids: Sequence[int],
     *,
@@ -83,7 +86,7 @@ def hf_forward(
 class HFTargetFeatures:
     """Online features: ``features(input_ids [B,T]) -> (aux, last)`` from the decoder alone (no lm_head)."""
 
-    def __init__(self, model: nn.Module, aux_layer_ids: Sequence[int]):
+    def __init__(self, model: PreTrainedModel, aux_layer_ids: Sequence[int]):
         self.model = model
         self.aux_layer_ids = tuple(aux_layer_ids)
 
@@ -92,7 +95,7 @@ class HFTargetFeatures:
         return aux, last
 
 
-def hf_target_head(model: nn.Module) -> nn.Module:
+def hf_target_head(model: PreTrainedModel) -> nn.Module:
     """The model's own ``lm_head``: exactly the target's logits from its post-norm last hidden state."""
     return model.get_output_embeddings()
 
@@ -119,7 +122,7 @@ class TargetHead(nn.Module):
         self.last_kind = last_kind
 
     @classmethod
-    def from_model(cls, model: nn.Module, last_kind: str = "post_norm") -> TargetHead:
+    def from_model(cls, model: PreTrainedModel, last_kind: str = "post_norm") -> TargetHead:
         """Share the loaded model's own modules (exactly the same arithmetic as its forward)."""
         from eagle_assets.hidden_states.extract_hf import _decoder, _final_norm
 

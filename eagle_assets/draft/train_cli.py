@@ -36,7 +36,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -49,6 +49,9 @@ from eagle_assets.draft.target import HFTargetFeatures, hf_target_head, load_tar
 from eagle_assets.draft.train import StepMetrics, Trainer
 from eagle_assets.draft.vocab import DraftVocab, vocab_from_samples
 
+if TYPE_CHECKING:  # only a type here: transformers is imported where a model is loaded
+    from transformers import PreTrainedModel
+
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -57,11 +60,13 @@ def _resolve(spec: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-def _load_hf_target(path: str, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
+def _load_hf_target(path: str, dtype: torch.dtype, device: torch.device) -> PreTrainedModel:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
-    return model.to(device).eval().requires_grad_(False)
+    module: torch.nn.Module = model  # transformers' @wraps(nn.Module.to) hides from mypy that its ``to`` is a method
+    module.to(device)  # in place, as every module's ``to``
+    return model.eval().requires_grad_(False)
 
 
 def _target_path(cfg: DraftRunConfig) -> str:
@@ -139,7 +144,9 @@ def build(
         dataset = TokenDataset(rows, max_length=data.max_length)
         model = _load_hf_target(_target_path(cfg), _DTYPES[target.dtype], device)
         features = HFTargetFeatures(model, config.aux_layer_ids)
-        head, embed = hf_target_head(model), model.get_input_embeddings().weight.detach().float().cpu()
+        weight = model.get_input_embeddings().weight
+        assert isinstance(weight, torch.Tensor)  # a Parameter; a Module's attributes are typed Tensor | Module
+        head, embed = hf_target_head(model), weight.detach().float().cpu()
 
     kind = cfg.embeddings_kind
     if kind == "random":

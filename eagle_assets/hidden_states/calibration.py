@@ -25,6 +25,7 @@ and its checks fail saying so (README: what is not done).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -47,6 +48,9 @@ from eagle_assets.hidden_states.fidelity import (
 )
 from eagle_assets.hidden_states.layers import AuxLayers
 from eagle_assets.hidden_states.store import HiddenStateSample, dtype_name, input_fingerprint
+
+if TYPE_CHECKING:  # only a type here: transformers is imported where a model is loaded
+    from transformers import PreTrainedModel
 
 
 @torch.inference_mode()
@@ -84,7 +88,7 @@ def _full_run(
 
 @torch.inference_mode()
 def calibrate_shard(
-    model: nn.Module,
+    model: PreTrainedModel,
     samples: Sequence[HiddenStateSample],
     layers: AuxLayers,
     *,
@@ -164,7 +168,7 @@ def calibrate_shard(
 
 
 def calibrate_store(
-    model: nn.Module,
+    model: PreTrainedModel,
     shards: Sequence[tuple[str, Sequence[HiddenStateSample]]],
     layers: AuxLayers,
     *,
