@@ -113,7 +113,8 @@ def run_pilots(
     with open_ledger(openrouter) as ledger:
         have = ledger.dataset_lengths()
     enough = enough_answers(config, openrouter)
-    jobs, wanted = [], {}
+    jobs: list[PartitionJob] = []
+    wanted: dict[str, int] = {}
     for spec in specs:
         model, own = have.get(spec.name, (openrouter.model, None))
         if own is not None and model in (openrouter.model, "") and own.n >= enough:

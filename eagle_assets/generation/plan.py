@@ -107,7 +107,8 @@ def choose_length_stats(
         what = f"pilot of {pilot}, " if pilot else ""
         unknown = ", model not recorded" if not own_model else ""
         return LengthStats.measured(own, f"{dataset}'s answers in the ledger ({what}{own.n:,} in all{unknown})")
-    pooled, names = Moments(), []
+    pooled = Moments()
+    names: list[str] = []
     for d, (m_, moments) in sorted(ledger_lengths.items()):
         if d != dataset and m_ == model and model and moments.n:
             pooled, names = pooled + moments, [*names, d]

@@ -21,7 +21,7 @@ import functools
 import logging
 import math
 import time
-from collections import Counter, deque
+from collections import Counter, defaultdict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -170,7 +170,8 @@ class PartitionReport:
     elapsed_s: float = 0.0
     errors: Counter[str] = field(default_factory=Counter)
     providers: Counter[str] = field(default_factory=Counter)
-    provider_usd: Counter[str] = field(default_factory=Counter)  # dollars of the kept responses, per provider
+    # Dollars of the kept responses, per provider (a Counter counts in int: these are float).
+    provider_usd: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
     provider_tokens: Counter[str] = field(default_factory=Counter)  # their output tokens
     refunded_orphans_usd: float = 0.0
     dropped_torn_bytes: int = 0

@@ -373,7 +373,7 @@ class ShardLayout:
 
 def _tensor_bytes(t: torch.Tensor) -> memoryview:
     t = t.detach().contiguous().cpu()
-    return memoryview(t.view(torch.uint8).numpy()).cast("B") if t.numel() else memoryview(b"")
+    return t.view(torch.uint8).numpy().data.cast("B") if t.numel() else memoryview(b"")  # .data: its buffer
 
 
 def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
