@@ -2,7 +2,8 @@
 # Run the test suite (sets up .venv first if needed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ -x .venv/bin/pytest ] || bash scripts/setup.sh
+[ -x .venv/bin/pytest ] && [ -x .venv/bin/mypy ] || bash scripts/setup.sh  # a .venv from before mypy: add it
 . .venv/bin/activate
 ruff check .
+mypy  # the packages configured in pyproject.toml ([tool.mypy])
 python -m pytest -q "$@"
