@@ -167,4 +167,5 @@ def write_tokenized(
 
 def read_tokenized(path: Path) -> pl.DataFrame:
     """A whole partition as polars, with ``TOKENIZED_SCHEMA`` (for tests and small partitions only)."""
+    # polars types the mapping's keys as column names or selectors, and a Mapping is invariant in its key type.
     return pl.read_parquet(path).cast(TOKENIZED_SCHEMA)  # type: ignore[arg-type]

@@ -37,11 +37,12 @@ class RowOrder:
         return hashlib.blake2b(f"eagle-forge-order:{self.seed}:{r}".encode(), digest_size=16).digest()
 
     def _round(self, r: int, value: int) -> int:
+        # _keys and _half: set once by __post_init__ (frozen), kept out of the dataclass's fields, eq and repr.
         h = hashlib.blake2b(value.to_bytes(8, "little"), digest_size=8, key=self._keys[r])  # type: ignore[attr-defined]
         return int.from_bytes(h.digest(), "little")
 
     def _permute(self, x: int) -> int:
-        half: int = self._half  # type: ignore[attr-defined]
+        half: int = self._half  # type: ignore[attr-defined]  # see _round
         mask = (1 << half) - 1
         left, right = x >> half, x & mask
         for r in range(_ROUNDS):

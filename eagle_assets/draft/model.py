@@ -351,8 +351,8 @@ class DraftKVCache:
         return 0 if self.k is None else int(self.k.shape[2])
 
     def crop(self, length: int) -> None:
-        if self.k is not None:
-            self.k, self.v = self.k[:, :, :length], self.v[:, :, :length]  # type: ignore[index]
+        if self.k is not None and self.v is not None:  # set together by attend
+            self.k, self.v = self.k[:, :, :length], self.v[:, :, :length]
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         past = len(self)

@@ -251,8 +251,8 @@ class Trainer:
                 cfg.target_chunk_tokens,
                 needed=needed_target_positions(batch["loss_mask"]),
             )
-            sync = m == len(batches) - 1 or not isinstance(self.module, nn.parallel.DistributedDataParallel)
-            ctx = contextlib.nullcontext() if sync else self.module.no_sync()  # type: ignore[operator]
+            ddp = self.module if isinstance(self.module, nn.parallel.DistributedDataParallel) else None
+            ctx = contextlib.nullcontext() if m == len(batches) - 1 or ddp is None else ddp.no_sync()
             with ctx:
                 with self._autocast():
                     loss, loss_sum, correct, count = self.module(

@@ -149,6 +149,7 @@ class KimiHFTokenizer(PreTrainedTokenizer):
             shutil.copyfile(self.kimi.directory / "tiktoken.model", target)
         return (str(target),)
 
+    # HF's own parameters, with a wider conversation (tool calls) and without ones our encoder has no use for.
     def apply_chat_template(  # type: ignore[override]
         self,
         conversation: Sequence[Any],

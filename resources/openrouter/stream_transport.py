@@ -21,6 +21,7 @@ import ssl
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import repeat
+from typing import cast
 from urllib.parse import urlparse
 
 _KEPT = ("content-type", "retry-after", "x-ratelimit-reset", "x-generation-id")
@@ -103,7 +104,7 @@ class _Conn(asyncio.Protocol):
 
     # -- asyncio.Protocol ------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = cast(asyncio.Transport, transport)  # a stream connection's transport is a Transport
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -160,7 +161,8 @@ class _Conn(asyncio.Protocol):
                 # come densely (pausing between sparse ones costs more than it saves), and not once
                 # the finish is in (the end is a read away).
                 self.paused = True
-                self.transport.pause_reading()  # type: ignore[union-attr]
+                assert self.transport is not None  # data only arrives once connection_made has set it
+                self.transport.pause_reading()
                 self._resume_handle = self.loop.call_later(self.interval, self._resume)
 
     # -- one request -----------------------------------------------------------------------

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Literal, cast
 
 import dagster as dg
 from pydantic import Field
@@ -22,13 +22,14 @@ from eagle_assets import settings
 from eagle_assets.benchmarks.serving_benchmark import EnginePlan
 from resources.serving.commands import LaunchSettings, SpeculativeSettings
 
+Backend = Literal["inprocess", "sglang", "vllm"]
 BACKENDS = ("inprocess", "sglang", "vllm")
 
 
 class ServingEngineResource(dg.ConfigurableResource):
     """The serving engine the draft is benchmarked through (or the in-process loop)."""
 
-    backend: Literal["inprocess", "sglang", "vllm"] = Field(
+    backend: Backend = Field(
         default="inprocess", description="inprocess | sglang | vllm"
     )
     url: str = Field(
@@ -105,7 +106,7 @@ def serving_from_env() -> ServingEngineResource:
     if backend not in BACKENDS:
         raise ValueError(f"EAGLE_FORGE_SERVING must be one of {', '.join(BACKENDS)}, not {backend!r}")
     return ServingEngineResource(
-        backend=backend,  # type: ignore[arg-type]
+        backend=cast(Backend, backend),  # proven by the membership test above
         url=os.environ.get("EAGLE_FORGE_SERVING_URL", ""),
         baseline_url=os.environ.get("EAGLE_FORGE_SERVING_BASELINE_URL", ""),
     )
