@@ -273,6 +273,19 @@ class ChatCore:
             generation_s=time.monotonic() - started if generation_s is None else generation_s,
         )
 
+    def _record_whole(self, attempt: Attempt, generation_s: float) -> dict[str, Any]:
+        """Record the whole answer (billed if billable) and return the usage object that reports its cost."""
+        prepared = attempt.prepared
+        cost = self._record(
+            attempt,
+            prepared.completion_tokens,
+            prepared.reasoning_tokens,
+            prepared.finish_reason,
+            billed=attempt.billable,
+            generation_s=generation_s,
+        )
+        return self._usage(prepared.prompt_tokens, prepared.completion_tokens, prepared.reasoning_tokens, cost)
+
     def _count_200(self, outcome: str) -> None:
         """Count an answer whose status went out as 200, whatever its body turned out to be."""
         st = self.state.stats

@@ -146,15 +146,7 @@ class PlainAnswer(ChatCore):
     ) -> web.StreamResponse:
         """The whole answer, billed; truncated or padded by the faults that damage only its body."""
         prepared = attempt.prepared
-        cost = self._record(
-            attempt,
-            prepared.completion_tokens,
-            prepared.reasoning_tokens,
-            prepared.finish_reason,
-            billed=attempt.billable,
-            generation_s=delay,
-        )
-        usage = self._usage(prepared.prompt_tokens, prepared.completion_tokens, prepared.reasoning_tokens, cost)
+        usage = self._record_whole(attempt, delay)
         data = orjson.dumps(self._body(attempt.gen_id, attempt.provider, prepared.choice, usage))
         if fault == "truncated_json":
             data = data[: len(data) // 2]

@@ -198,15 +198,7 @@ class StreamAnswer(ChatCore):
     ) -> None:
         """The finish chunk, then usage in a last chunk of its own: billed in full from here on."""
         prepared = attempt.prepared
-        cost = self._record(
-            attempt,
-            prepared.completion_tokens,
-            prepared.reasoning_tokens,
-            prepared.finish_reason,
-            billed=attempt.billable,
-            generation_s=total_delay,
-        )
-        usage = self._usage(prepared.prompt_tokens, prepared.completion_tokens, prepared.reasoning_tokens, cost)
+        usage = self._record_whole(attempt, total_delay)
         await resp.write(chunks.choice(_EMPTY_DELTA, prepared.finish_reason))
         # Most recorded streams repeat the finish choice in the usage chunk, the others send ``choices: []``
         # (a fixed draw per prompt, as text never depends on the attempt).
