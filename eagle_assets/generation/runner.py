@@ -240,6 +240,7 @@ class PartitionRunner:
         self._slot_limit = settings.max_in_flight  # this process's share of the account's in-flight cap
         self._ramp_start = 0.0
         self._at_wall = False  # a budget has refused: reserve only in batches of _tail_min()
+        self._told_waiting = False  # said once that other runs' open requests hold the headroom
         self._wall_reason = ""
         self._wake = asyncio.Event()  # the dispatcher: ready is running low, budget freed, or the share changed
         self._requests: dict[str, ReservationRequest] = {}
@@ -481,6 +482,16 @@ class PartitionRunner:
         worth = self.s.admission.token_overshoot * self.job.token_budget / max(expected, 1.0)
         return max(1, min(slots, math.ceil(worth)))
 
+    def _others_hold_headroom(self) -> bool:
+        """Whether requests of other processes (other partitions, other hosts) hold part of the budget now.
+
+        Called only while nothing of this run is open, so whatever the ledger holds is theirs. A refusal
+        then says nothing final: stopping would end a partition with 0 done whenever another host
+        reserved first. Waiting ends: their requests settle, or their owner's lease lapses and recovery
+        turns what it held into spend.
+        """
+        return self.ledger.open_held_usd() > 1e-12
+
     def _another_batch_fits(self, prompt: Prompt, denial: Denial, tail: int) -> bool:
         """Once everything in flight has settled at its expected cost, will a batch of ``tail`` still fit?
 
@@ -552,6 +563,15 @@ class PartitionRunner:
                     granted, denial = self._reserve(chunk[:size], min(self._tail_min(), size))
                     if not granted:
                         assert denial is not None
+                        if self._others_hold_headroom():
+                            # Another process's requests hold the headroom: they settle (or their owner's
+                            # lease lapses and recovery charges them), and then it is known what fits.
+                            if not self._told_waiting:
+                                self._told_waiting = True
+                                self.emit(f"{self.job.key}: waiting — {denial.detail}; the open requests belong"
+                                          " to other runs, and what fits is known once they settle")
+                            await asyncio.sleep(max(self.s.commit_interval_s, 0.25))
+                            continue
                         self._stop_for(denial)
                         break
                     for _ in granted:

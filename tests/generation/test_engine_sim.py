@@ -2,9 +2,11 @@
 budgets, credits, resumption, streaming. The simulator answers in OpenRouter's real shapes
 (``tests/simulator/test_real_shapes.py``): no generation-id header, 404 for routing, 403 budgets."""
 
+import time
+
 import pytest
 
-from eagle_assets.generation.ledger import BudgetLedger
+from eagle_assets.generation.ledger import BudgetLedger, Settlement
 from resources.openrouter.providers import NoAllowedProviderError, ProviderPolicy
 from resources.simulator.config import ProviderEndpoint
 from resources.simulator.faults import FaultConfig
@@ -321,3 +323,33 @@ def test_streaming_faults_are_retried_and_settled(harness, name, faults, cls):
         assert spent >= billed - 1e-9
     if name == "stall":
         assert report.elapsed_s < 5.0 + 4.0  # abandoned after the idle timeout, not the request timeout
+
+
+def test_a_run_waits_while_another_process_holds_the_budget_instead_of_stopping_with_nothing(harness):
+    """Two hosts start at once and one reserves the whole budget first: the other must wait for those
+    requests to settle, not end its partition "budget exhausted, 0 done" (CI caught exactly that)."""
+    import threading
+
+    budget = 0.5
+    other = BudgetLedger(harness.ledger_path, owner="other-host")
+    try:
+        held, denial = other.reserve_many(
+            [("T2", "T2/0000", f"x{i}", budget / 4, 256) for i in range(4)], budget_usd=budget, token_budget=None
+        )
+        assert len(held) == 4 and denial is None
+
+        def settle_later() -> None:
+            time.sleep(1.5)
+            for r in held[:3]:
+                other.release(r)  # three settle unbilled; one is billed in full below
+            other.settle_many([Settlement(held[3], budget / 4, 256, "ok")])
+
+        t = threading.Thread(target=settle_later)
+        t.start()
+        prompts = make_prompts(30)
+        report = harness.run(prompts, budget=budget, max_tokens=64)
+        t.join()
+    finally:
+        other.close()
+    assert_unique_complete(harness, prompts, report)
+    assert any("waiting" in line and "other runs" in line for line in report.log_lines)
