@@ -568,8 +568,10 @@ class PartitionRunner:
                             # lease lapses and recovery charges them), and then it is known what fits.
                             if not self._told_waiting:
                                 self._told_waiting = True
-                                self.emit(f"{self.job.key}: waiting — {denial.detail}; the open requests belong"
-                                          " to other runs, and what fits is known once they settle")
+                                self.emit(
+                                    f"{self.job.key}: waiting — {denial.detail}; the open requests belong"
+                                    " to other runs, and what fits is known once they settle"
+                                )
                             await asyncio.sleep(max(self.s.commit_interval_s, 0.25))
                             continue
                         self._stop_for(denial)
