@@ -63,6 +63,17 @@ assumes that the fresh dataset's lengths are at most ``seed_mean_factor`` times 
 distribution (``X ≤ k·Y`` stochastically, ``Y`` drawn from the other datasets' answers); with no
 statistics at all nothing changes. The dollar hold is not seeded: it keeps worst cases until the
 dataset's own ``min_samples`` answers are in.
+
+The last round
+--------------
+A token target is met to within 1% only in rounds: while the second round runs, the bound above keeps
+``n·μ̂ + deviation`` under the target, and the deviation (mostly the error of ``μ̂`` itself, ``n²/m``)
+leaves ~5% of the target for a third round, whatever the first round was. When a dataset runs alone
+that round costs a whole round trip of its slowest answer (the benchmark's fixed latency: a third
+more wall time for the last ~5% of tokens); when other datasets share the in-flight cap, it costs
+nothing. ``token_shortfall`` lets a run end instead once what is left, in expectation, is less than
+that share of the target (the run then ends that far short, never over). Default 0: the target is the
+data the user asked for.
 """
 
 import math
@@ -88,6 +99,9 @@ class AdmissionPolicy:
     cohort_slack: float = 0.01  # share of a cohort still open that may be counted at max_tokens
     # A fresh dataset's token admission may start from other datasets' answers, trusted within this factor.
     seed_mean_factor: float = 2.0
+    # Share of a token target a run may leave unproduced rather than start another round of requests for it
+    # (0: go on in batches worth ``token_overshoot`` until the target is reached; see "The last round").
+    token_shortfall: float = 0.0
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -98,6 +112,8 @@ class AdmissionPolicy:
             raise ValueError("max_admissions must be >= 1 and min_samples >= 2")
         if self.token_overshoot < 0 or self.variance_z < 0 or not 0.0 <= self.cohort_slack < 1.0:
             raise ValueError("token_overshoot, variance_z and cohort_slack must be non-negative (slack < 1)")
+        if not 0.0 <= self.token_shortfall < 1.0:
+            raise ValueError(f"token_shortfall must be in [0, 1), got {self.token_shortfall}")
         if self.seed_mean_factor < 1.0:
             raise ValueError("seed_mean_factor must be >= 1 (a seed is trusted no more than as measured)")
 

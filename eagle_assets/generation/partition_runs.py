@@ -58,6 +58,7 @@ def generation_settings(openrouter: OpenRouterResource) -> GenerationSettings:
             mode=openrouter.budget_mode,
             overspend_probability=openrouter.overspend_probability,
             token_overshoot=openrouter.token_overshoot,
+            token_shortfall=openrouter.token_shortfall,
         ),
         tail_fraction=openrouter.budget_tail_fraction,
         breaker_threshold=openrouter.breaker_threshold,

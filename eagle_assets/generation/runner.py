@@ -473,14 +473,17 @@ class PartitionRunner:
 
     def _tail_min(self) -> int:
         """The smallest batch worth a round trip once a budget has refused: ``tail_fraction`` of the
-        account's in-flight cap; at the token target, what ``admission.token_overshoot`` of it is worth."""
+        account's in-flight cap; at the token target, what ``admission.token_overshoot`` of it is worth,
+        or ``admission.token_shortfall`` of it where that is set (the run may end that far short)."""
         slots = max(1, math.ceil(self.s.tail_fraction * self.s.max_in_flight))
         if self._wall_reason != "tokens":
             return slots
         model = self.ledger.length_model(self.job.dataset, self.s.max_tokens)
-        expected = model.mean if model is not None else self.s.max_tokens
-        worth = self.s.admission.token_overshoot * self.job.token_budget / max(expected, 1.0)
-        return max(1, min(slots, math.ceil(worth)))
+        expected = max(model.mean if model is not None else self.s.max_tokens, 1.0)
+        policy = self.s.admission
+        worth = max(1, min(slots, math.ceil(policy.token_overshoot * self.job.token_budget / expected)))
+        short = math.ceil(policy.token_shortfall * self.job.token_budget / expected)
+        return max(worth, min(self.s.max_in_flight, short))
 
     def _others_hold_headroom(self) -> bool:
         """Whether requests of other processes (other partitions, other hosts) hold part of the budget now.
@@ -665,7 +668,9 @@ class PartitionRunner:
         if denial.reason == "credits":
             self._stop("credits", denial.detail)
         elif denial.reason == "tokens":
-            self._stop("tokens", f"dataset output-token budget reached: {denial.detail}")
+            short = self.s.admission.token_shortfall
+            within = f" (the rest is less than token_shortfall, {100 * short:g}% of it)" if short else ""
+            self._stop("tokens", f"dataset output-token budget reached{within}: {denial.detail}")
         else:
             self._stop("budget", f"dollar budget reached: {denial.detail}")
 

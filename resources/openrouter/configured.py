@@ -33,6 +33,7 @@ def openrouter_from_env() -> OpenRouterResource:
     budget = float(os.environ.get("EAGLE_FORGE_BUDGET_USD", "100"))
     budget_mode = parse_budget_mode(os.environ.get("EAGLE_FORGE_BUDGET_MODE", "statistical"))  # or "hard"
     key_file = os.environ.get("EAGLE_FORGE_KEY_FILE")
+    shortfall = float(os.environ.get("EAGLE_FORGE_TOKEN_SHORTFALL", "0"))
     if target == "simulator":
         # A real key in /tmp/or-key.txt has no business going to the simulator: only an explicit file is read.
         return OpenRouterResource(
@@ -42,6 +43,7 @@ def openrouter_from_env() -> OpenRouterResource:
             start_embedded_simulator=True,
             budget_usd=budget,
             budget_mode=budget_mode,
+            token_shortfall=shortfall,
             max_tokens=int(os.environ.get("EAGLE_FORGE_MAX_TOKENS", "1024")),
             max_in_flight=int(os.environ.get("EAGLE_FORGE_MAX_IN_FLIGHT", "2000")),
             request_timeout_s=float(os.environ.get("EAGLE_FORGE_REQUEST_TIMEOUT_S", "120")),
@@ -55,6 +57,7 @@ def openrouter_from_env() -> OpenRouterResource:
         return OpenRouterResource(
             budget_usd=budget,
             budget_mode=budget_mode,
+            token_shortfall=shortfall,
             stream=_flag("EAGLE_FORGE_STREAM"),
             **key,
         )

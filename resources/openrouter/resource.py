@@ -19,6 +19,7 @@ from pydantic import Field
 
 from eagle_assets import settings as forge_settings
 from eagle_assets.budget_mode import BudgetMode
+from eagle_assets.layout import ledger_path as default_ledger_path
 from resources.openrouter.client import OpenRouterClient
 from resources.openrouter.providers import (
     DEFAULT_IGNORED,
@@ -96,6 +97,13 @@ class OpenRouterResource(ConfigurableResource):
     )
     token_overshoot: float = Field(
         default=0.01, description="A dataset's output-token budget is a target: allowed overshoot, as a fraction of it"
+    )
+    token_shortfall: float = Field(
+        default=0.0,
+        ge=0.0,
+        lt=1.0,
+        description="A dataset may end this share of its token target short rather than start one more round of"
+        " requests for the rest (a round trip of the slowest answer when it runs alone); 0: reach the target",
     )
     budget_tail_fraction: float = Field(
         default=0.1,
@@ -184,7 +192,7 @@ class OpenRouterResource(ConfigurableResource):
         return self.tokenizer_path or forge_settings.tokenizer_dir()
 
     def ledger_file(self) -> Path:
-        return Path(self.ledger_path) if self.ledger_path else forge_settings.ledger_path()
+        return Path(self.ledger_path) if self.ledger_path else default_ledger_path()
 
     def ledger_location(self) -> str | Path:
         """The database URL (this resource's, else the environment's), else the SQLite file."""

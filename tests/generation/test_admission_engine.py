@@ -316,3 +316,38 @@ def test_two_processes_share_one_account_wide_in_flight_cap(tmp_path):
     assert min(peak1, peak2) >= 0.4 * cap  # ... in fair shares: neither was starved by the other
     t = totals(tmp_path)
     assert t.in_flight == 0 and t.usd_reserved == 0
+
+
+def test_token_shortfall_ends_the_run_instead_of_a_last_round_for_the_rest(tmp_path):
+    """With ``token_shortfall`` the run ends once less than that share of the target is left in expectation,
+    instead of a last round of requests for it; without, it goes on to within 1% of the target."""
+    cfg = sim_config(latency=LatencyConfig.fixed(0.3), mean_completion_tokens=60)
+    budget, max_tokens = 150_000, 256
+    produced: dict[float, int] = {}
+    with run_simulator_in_thread(cfg) as sim:
+        for shortfall in (0.0, 0.08):
+            work = tmp_path / f"short-{shortfall}"
+            policy = AdmissionPolicy(min_samples=50, token_shortfall=shortfall)
+            report = run_partition(
+                sim.base_url,
+                work,
+                make_prompts(3000),
+                token_budget=budget,
+                max_in_flight=1000,
+                max_tokens=max_tokens,
+                policy=policy,
+            )
+            assert report.stop_reason == "tokens", report.summary()
+            assert ("token_shortfall" in report.stop_detail) == (shortfall > 0)
+            produced[shortfall] = totals(work, "T1").tokens_spent
+    assert budget * 0.97 <= produced[0.0] <= budget * 1.01
+    # It ended short of the target by about the shortfall (never over), and short of the run without it.
+    assert budget * (1 - 0.08 - 0.03) <= produced[0.08] < produced[0.0]
+    assert produced[0.08] <= budget * 1.01
+
+
+def test_token_shortfall_is_a_share_of_the_target():
+    with pytest.raises(ValueError, match="token_shortfall"):
+        AdmissionPolicy(token_shortfall=1.0)
+    with pytest.raises(ValueError, match="token_shortfall"):
+        AdmissionPolicy(token_shortfall=-0.1)
