@@ -22,6 +22,7 @@ flight ≥ 1,800 until the last 5%, wall ≤ 1.5× ideal, dollar overshoot 0, to
     python benchmarks/bench_admission.py                    # scale 10: 1M tokens, $10 (tokens, fresh, dollars)
     python benchmarks/bench_admission.py --phases dollars --mode hard   # the worst-case baseline
     python benchmarks/bench_admission.py --token-datasets 8 --phases tokens   # B1–B8 at once
+    python benchmarks/bench_admission.py --phases fresh --latency 8 --token-shortfall 0.05   # no last round
     python benchmarks/bench_admission.py --ledger both   # each phase on SQLite, then on PostgreSQL (pgserver)
     python benchmarks/bench_admission.py --ledger both --repeat 3 --phases dollars   # alternated, noise averaged
 """
@@ -124,6 +125,7 @@ def run_phase(
         "EAGLE_FORGE_MAX_IN_FLIGHT": str(a.concurrency),
         "EAGLE_FORGE_BUDGET_USD": str(phase.usd_budget),
         "EAGLE_FORGE_BUDGET_MODE": a.mode,
+        "EAGLE_FORGE_TOKEN_SHORTFALL": str(a.token_shortfall),
         "EAGLE_FORGE_REQUEST_TIMEOUT_S": "120",
         "DAGSTER_HOME": str(dagster_home),
         "PYTHONPATH": str(REPO),
@@ -293,6 +295,12 @@ def main() -> None:
     ap.add_argument("--phases", default="tokens,fresh,dollars")
     ap.add_argument("--seed-answers", type=int, default=2000, help="fresh phase: answers of the other dataset")
     ap.add_argument("--mode", default="statistical", choices=("statistical", "hard"))
+    ap.add_argument(
+        "--token-shortfall",
+        type=float,
+        default=0.0,
+        help="share of a token target a run may leave rather than start a last round for it (0: reach it)",
+    )
     ap.add_argument("--token-datasets", type=int, default=1, help="datasets generated at once in the token phase")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=900.0)
@@ -336,7 +344,8 @@ def main() -> None:
     print(
         f"scale 1/{a.scale:g}: max_tokens {scaled['max_tokens']}, mean answer {scaled['mean_tokens']} tokens,"
         f" token budget {scaled['token_budget']:,}, dollar budget ${scaled['usd_budget']:.2f};"
-        f" {a.concurrency} in flight, fixed latency {a.latency:g} s, budget mode {a.mode}"
+        f" {a.concurrency} in flight, fixed latency {a.latency:g} s, budget mode {a.mode},"
+        f" token shortfall {a.token_shortfall:g}"
     )
     backends = ["sqlite", "postgresql"] if a.ledger == "both" else [a.ledger]
     pg = None
