@@ -1,0 +1,173 @@
+"""Where everything lives under the eagle-forge home (``EAGLE_FORGE_HOME``, read by ``settings.forge_home``).
+
+One home for the paths, so that a step finds what another wrote (a tokenized partition, a corpus shard, a
+hidden-state store, the published draft) without importing the module that wrote it. Every function takes
+the home as ``home`` (default: ``settings.forge_home()`` now) and what names the file: a dataset and shard,
+a corpus shard's partition key. The files a component keeps inside its own folder (a store's index, a
+training run's checkpoints, the simulator's pid file) are that component's business, named where it writes
+them::
+
+    <home>/
+      samples/<set>.jsonl                      bundled sample prompt sets (``sample:B1`` in datasets.yaml)
+      journal/<dataset>/<shard>.journal        what generation bought, append-only (the resume point)
+      generated/<dataset>/<shard>.parquet      a generation partition (+ .providers.json, .native.json)
+      tokenized/<dataset>/<shard>.parquet      its token ids
+      corpus/index.json, <split>/shard-N.parquet   the merged corpus (a shard: partition ``<split>-N``)
+      hidden_states/<split>-N/                 one hidden-state store per corpus shard
+      draft/runs/<identity>/                   a training run (resumed when its inputs are the same)
+      draft/latest/export/                     the published draft; draft/benchmarks/<stamp>/: serving runs
+      state/ledger.sqlite, generation_plan.json, datasets/   the ledger, the plan, dataset scan caches
+      models/tiny-kimi-seed<seed>/             the tiny target
+      simulator/, duckdb_tmp/, dagster_home/   scratch: the embedded simulator, DuckDB spill, Dagster's home
+"""
+
+from pathlib import Path
+
+from eagle_assets import settings
+
+
+def root(home: Path | None = None) -> Path:
+    """``home`` if given, else the configured eagle-forge home."""
+    return settings.forge_home() if home is None else home
+
+
+# --- inputs --------------------------------------------------------------------------------------------------------
+
+
+def samples_dir(*, home: Path | None = None) -> Path:
+    return root(home) / "samples"
+
+
+# --- generation ----------------------------------------------------------------------------------------------------
+
+
+def journal_dir(*, home: Path | None = None) -> Path:
+    return root(home) / "journal"
+
+
+def generated_dir(*, home: Path | None = None) -> Path:
+    return root(home) / "generated"
+
+
+def journal_path(dataset: str, shard: str, *, home: Path | None = None) -> Path:
+    return journal_dir(home=home) / dataset / f"{shard}.journal"
+
+
+def generated_path(dataset: str, shard: str, *, home: Path | None = None) -> Path:
+    return generated_dir(home=home) / dataset / f"{shard}.parquet"
+
+
+def partition_paths(dataset: str, shard: str, *, home: Path | None = None) -> tuple[Path, Path]:
+    """The generation partition's journal and its Parquet output."""
+    return journal_path(dataset, shard, home=home), generated_path(dataset, shard, home=home)
+
+
+def allowed_providers_path(dataset: str, shard: str, *, home: Path | None = None) -> Path:
+    """Beside the Parquet: the providers the policy allowed when this partition's responses were bought."""
+    return generated_dir(home=home) / dataset / f"{shard}.providers.json"
+
+
+def native_counts_path(dataset: str, shard: str, *, home: Path | None = None) -> Path:
+    """Beside the Parquet: the provider's own completion counts for a sample of its responses."""
+    return generated_dir(home=home) / dataset / f"{shard}.native.json"
+
+
+# --- tokens and corpus ---------------------------------------------------------------------------------------------
+
+
+def tokenized_path(dataset: str, shard: str, *, home: Path | None = None) -> Path:
+    return root(home) / "tokenized" / dataset / f"{shard}.parquet"
+
+
+def corpus_dir(*, home: Path | None = None) -> Path:
+    return root(home) / "corpus"
+
+
+def shard_partition_key(file: str) -> str:
+    """A corpus shard's partition key from its file in the index: ``train/shard-00003.parquet`` → ``train-00003``
+    (partition keys may not contain slashes); ``shard_file`` is the reverse."""
+    split, name = file.split("/", 1)
+    return f"{split}-{name.removeprefix('shard-').removesuffix('.parquet')}"
+
+
+def corpus_split_dir(split: str, *, home: Path | None = None) -> Path:
+    """The shards of one split (``train``, ``eval``): ``shard-N.parquet``."""
+    return corpus_dir(home=home) / split
+
+
+def shard_file(partition_key: str, *, home: Path | None = None) -> Path:
+    """The corpus shard of a hidden-state partition: ``train-00003`` → ``corpus/train/shard-00003.parquet``."""
+    split, number = partition_key.split("-", 1)
+    return corpus_split_dir(split, home=home) / f"shard-{number}.parquet"
+
+
+# --- hidden states and the draft -----------------------------------------------------------------------------------
+
+
+def hidden_states_root(*, home: Path | None = None) -> Path:
+    return root(home) / "hidden_states"
+
+
+def store_dir(partition_key: str, *, home: Path | None = None) -> Path:
+    """One store per corpus shard (see ``hidden_states.store_set``)."""
+    return hidden_states_root(home=home) / partition_key
+
+
+def draft_runs_dir(*, home: Path | None = None) -> Path:
+    """Training runs, each in a folder named by its inputs (``assets.draft.run_identity``)."""
+    return root(home) / "draft" / "runs"
+
+
+def latest_export_dir(*, home: Path | None = None) -> Path:
+    """The published draft: ``export/`` (and the ``export-vllm`` alias), replaced as a whole."""
+    return root(home) / "draft" / "latest"
+
+
+def benchmark_runs_dir(*, home: Path | None = None) -> Path:
+    """The serving benchmark's runs (server logs, per-set results), one folder per run."""
+    return root(home) / "draft" / "benchmarks"
+
+
+# --- state ---------------------------------------------------------------------------------------------------------
+
+
+def state_dir(*, home: Path | None = None) -> Path:
+    return root(home) / "state"
+
+
+def ledger_path(*, home: Path | None = None) -> Path:
+    """The budget ledger's SQLite file (when no database URL is set: ``settings.ledger_location``)."""
+    return state_dir(home=home) / "ledger.sqlite"
+
+
+def plan_path(*, home: Path | None = None) -> Path:
+    """The latest generation plan (``generation.plan_file``)."""
+    return state_dir(home=home) / "generation_plan.json"
+
+
+def dataset_cache_dir(*, home: Path | None = None) -> Path:
+    """What the datasets' whole-set scans found, cached per source."""
+    return state_dir(home=home) / "datasets"
+
+
+# --- models and scratch --------------------------------------------------------------------------------------------
+
+
+def tiny_target_dir(seed: int = 0, *, home: Path | None = None) -> Path:
+    """Where the demo keeps the tiny target it builds."""
+    return root(home) / "models" / f"tiny-kimi-seed{seed}"
+
+
+def simulator_dir(*, home: Path | None = None) -> Path:
+    """The embedded simulator's pid file, state and log."""
+    return root(home) / "simulator"
+
+
+def duckdb_tmp_dir(*, home: Path | None = None) -> Path:
+    """DuckDB's spill directory unless the resource names one."""
+    return root(home) / "duckdb_tmp"
+
+
+def dagster_home(*, home: Path | None = None) -> Path:
+    """``DAGSTER_HOME`` unless the user set one (``instance.ensure_dagster_home``)."""
+    return root(home) / "dagster_home"
