@@ -13,6 +13,7 @@ from typing import Any
 import dagster as dg
 
 from eagle_assets.corpus.validation import CheckOutcome
+from eagle_assets.markdown import table
 
 GENERATED_CHECKS: dict[str, str] = {
     "unique_prompt_ids": "no prompt id appears twice",
@@ -65,9 +66,7 @@ def examples_markdown(rows: Sequence[dict[str, Any]]) -> str:
     if not rows:
         return ""
     columns = list(rows[0])
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(str(r.get(c, "")).replace("|", "\\|")[:120] for c in columns) + " |" for r in rows]
-    return "\n".join(lines)
+    return table(columns, [[str(r.get(c, ""))[:120] for c in columns] for r in rows])
 
 
 def outcome_metadata(outcome: CheckOutcome) -> dict[str, dg.MetadataValue]:

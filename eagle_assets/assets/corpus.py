@@ -26,6 +26,7 @@ from eagle_assets.corpus.validation import (
 )
 from eagle_assets.datasets.config import DatasetSpec
 from eagle_assets.generation.ledger import BudgetLedger
+from eagle_assets.markdown import table
 from resources.duckdb.resource import DuckDBResource
 
 CORPUS_GROUP = "corpus"
@@ -150,7 +151,7 @@ def corpus_metadata(
 
     counts, splits = index["counts"], index["splits"]
     spend = dataset_spend_usd(list(tokens))
-    rows = "\n".join(f"| {n} | {int(tokens[n])} | {diffs[n]:.5%} | {spend.get(n, 0.0):.4f} |" for n in sorted(tokens))
+    rows = [(n, int(tokens[n]), f"{diffs[n]:.5%}", f"{spend.get(n, 0.0):.4f}") for n in sorted(tokens)]
     lengths = _corpus_lengths(index)
     meta: dict[str, dg.MetadataValue] = {
         "path": dg.MetadataValue.path(str(corpus_dir())),
@@ -162,9 +163,7 @@ def corpus_metadata(
         "eval_samples": dg.MetadataValue.int(splits["eval"]["samples"]),
         "shards": dg.MetadataValue.int(sum(len(s["shards"]) for s in splits.values())),
         "missing_partitions": dg.MetadataValue.int(len(missing)),
-        "datasets": dg.MetadataValue.md(
-            "| dataset | tokens | token count diff vs API | spent USD |\n|---|---|---|---|\n" + rows
-        ),
+        "datasets": dg.MetadataValue.md(table(("dataset", "tokens", "token count diff vs API", "spent USD"), rows)),
         "tokens_per_dataset": dg.MetadataValue.md(bar_chart_md(tokens, "tokens per dataset", "tokens")),
         "plan_key": dg.MetadataValue.text(index["plan_key"]),
     }

@@ -1,16 +1,11 @@
 """What a generation partition shows about its data in the UI: source and commit, format, rows, rejects, mode."""
 
-from collections.abc import Sequence
-
 import dagster as dg
 
 from eagle_assets.generation.partition_inputs import PartitionInputs
+from eagle_assets.markdown import table
 
 MAX_PROBLEMS_SHOWN = 20
-
-
-def _table(header: tuple[str, str], rows: Sequence[tuple[object, object]]) -> str:
-    return "\n".join([f"| {header[0]} | {header[1]} |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows])
 
 
 def input_metadata(inputs: PartitionInputs) -> dict[str, dg.MetadataValue]:
@@ -22,12 +17,12 @@ def input_metadata(inputs: PartitionInputs) -> dict[str, dg.MetadataValue]:
         "regenerate": dg.MetadataValue.text(inputs.mode),
         "rows_in_source": dg.MetadataValue.int(scan.rows),
         "usable_rows_in_source": dg.MetadataValue.int(scan.usable),
-        "rows_rejected_in_source": dg.MetadataValue.md(_table(("reason", "rows"), rejected) if rejected else "none"),
+        "rows_rejected_in_source": dg.MetadataValue.md(table(("reason", "rows"), rejected) if rejected else "none"),
         "rows_in_shard": dg.MetadataValue.int(shard.rows),
         "rows_rejected_in_shard": dg.MetadataValue.int(len(shard.problems)),
         "requests_in_shard": dg.MetadataValue.int(inputs.requests),
         "turns_per_row": dg.MetadataValue.md(
-            _table(("turns", "rows"), [(k, f"{v:,}") for k, v in inputs.turns_per_row().items()])
+            table(("turns", "rows"), [(k, f"{v:,}") for k, v in inputs.turns_per_row().items()])
         ),
         "malformed_rows_in_file": dg.MetadataValue.int(scan.bad),
     }

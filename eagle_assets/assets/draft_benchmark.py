@@ -23,6 +23,7 @@ from eagle_assets.benchmarks.acceptance import AcceptanceTally
 from eagle_assets.benchmarks.prompt_sets import PROMPT_SETS, PromptSetError
 from eagle_assets.benchmarks.reference import REFERENCES, comparable
 from eagle_assets.benchmarks.results import SetResult, reference_table, results_table
+from eagle_assets.markdown import table
 from resources.serving.commands import SettingsError, SpeculativeSettings
 from resources.serving.resource import ServingEngineResource
 from resources.target.resource import TargetModelResource
@@ -79,11 +80,11 @@ def _fail(message: str, **metadata: Any) -> dg.Failure:
 
 def _rate_table(rows: dict[str, AcceptanceTally], num_steps: int) -> str:
     labels = [f"pos {i + 1}" for i in range(num_steps)]
-    table = "| draft | τ (tokens per verification) | " + " | ".join(labels) + " |\n|---|---|" + "---|" * len(labels)
+    lines = []
     for name, t in rows.items():
         rates = t.position_rates or [0.0] * num_steps
-        table += f"\n| {name} | {t.tau or 0:.3f} | " + " | ".join(f"{r:.3f}" for r in rates) + " |"
-    return table
+        lines.append([name, f"{t.tau or 0:.3f}", *(f"{r:.3f}" for r in rates)])
+    return table(["draft", "τ (tokens per verification)", *labels], lines)
 
 
 def run_inprocess(

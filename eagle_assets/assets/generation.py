@@ -25,6 +25,7 @@ from eagle_assets.generation.plan_file import read_plan
 from eagle_assets.generation.runner import PartitionJob, PartitionReport
 from eagle_assets.generation.shard_identity import ShardIdentity, check_shard_identity
 from eagle_assets.k8s_placement import cpu_step_tags
+from eagle_assets.markdown import table
 from resources.duckdb.resource import DuckDBResource
 from resources.openrouter.resource import OpenRouterResource
 
@@ -94,11 +95,6 @@ def fetch_native_counts(parquet: Path, dataset: str, shard: str, openrouter: Ope
     return len(have)
 
 
-def _md_table(header: tuple[str, str], rows: list[tuple[str, object]]) -> str:
-    lines = [f"| {header[0]} | {header[1]} |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows]
-    return "\n".join(lines)
-
-
 def report_metadata(report: PartitionReport) -> dict[str, dg.MetadataValue]:
     meta: dict[str, dg.MetadataValue] = {
         "prompts_total": dg.MetadataValue.int(report.total),
@@ -121,7 +117,7 @@ def report_metadata(report: PartitionReport) -> dict[str, dg.MetadataValue]:
         "peak_in_flight": dg.MetadataValue.int(report.peak_in_flight),
         "stop_reason": dg.MetadataValue.text(report.stop_reason),
         "errors": dg.MetadataValue.md(
-            _md_table(("error class", "count"), sorted(report.errors.items())) if report.errors else "none"
+            table(("error class", "count"), sorted(report.errors.items())) if report.errors else "none"
         ),
         "providers": dg.MetadataValue.md(providers_table(report) if report.providers else "none this run"),
     }
@@ -135,12 +131,12 @@ def report_metadata(report: PartitionReport) -> dict[str, dg.MetadataValue]:
 def providers_table(report: PartitionReport) -> str:
     """Per provider: responses kept, their output tokens and dollars, and dollars per million output tokens
     (prompts included: what a million output tokens cost at that provider, all in)."""
-    lines = ["| provider | responses kept | output tokens | $ | $/M output tokens |", "|---|---|---|---|---|"]
+    rows = []
     for name, count in report.providers.most_common():
         tokens, usd = report.provider_tokens[name], report.provider_usd[name]
         per_m = f"{1e6 * usd / tokens:.2f}" if tokens else "—"
-        lines.append(f"| {name} | {count} | {tokens:,} | {usd:.6f} | {per_m} |")
-    return "\n".join(lines)
+        rows.append((name, count, f"{tokens:,}", f"{usd:.6f}", per_m))
+    return table(("provider", "responses kept", "output tokens", "$", "$/M output tokens"), rows)
 
 
 def run_generation(

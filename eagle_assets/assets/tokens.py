@@ -17,6 +17,7 @@ from eagle_assets.corpus.tokenize_partition import tokenize_generated
 from eagle_assets.corpus.tokenized_schema import write_tokenized
 from eagle_assets.corpus.validation import run_tokenized_checks
 from eagle_assets.datasets.config import DatasetSpec
+from eagle_assets.markdown import table
 from eagle_assets.tokenization.kimi_tokenizer import load_kimi_tokenizer
 from resources.duckdb.resource import DuckDBResource
 
@@ -34,10 +35,9 @@ def tokenized_path(dataset: str, shard: str) -> Path:
 def length_metadata(lengths: dict[str, float | int | str]) -> dict[str, dg.MetadataValue]:
     """Sample lengths in tokens (they size the hidden-state store and the training batches)."""
     order = ("min", "p50", "p90", "p99", "max", "mean")
-    table = "| " + " | ".join(order) + " |\n|" + "---|" * len(order) + "\n| "
-    table += " | ".join(f"{float(lengths[k]):.0f}" for k in order) + " |"
+    distribution = table(order, [[f"{float(lengths[k]):.0f}" for k in order]])
     return {
-        "length_distribution": dg.MetadataValue.md(table),
+        "length_distribution": dg.MetadataValue.md(distribution),
         "length_p50": dg.MetadataValue.int(int(lengths["p50"])),
         "length_max": dg.MetadataValue.int(int(lengths["max"])),
     }

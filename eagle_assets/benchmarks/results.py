@@ -14,6 +14,7 @@ from typing import Any
 from eagle_assets.benchmarks.prompt_sets import PROMPT_SETS
 from eagle_assets.benchmarks.reference import REFERENCES
 from eagle_assets.benchmarks.serving_run import SetPass
+from eagle_assets.markdown import table
 
 
 @dataclass
@@ -77,7 +78,7 @@ def _f(x: float | None, fmt: str = "{:.3f}") -> str:
 def results_table(results: Sequence[SetResult], num_steps: int) -> str:
     labels = [f"pos {i + 1}" for i in range(num_steps)]
     head = ["benchmark", "τ", *labels, "tok/s with draft", "tok/s without", "speedup", "requests"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = []
     for r in results:
         rates: Sequence[float | None] = r.position_rates or [None] * num_steps
         done = "" if r.complete else " (incomplete)"
@@ -90,8 +91,8 @@ def results_table(results: Sequence[SetResult], num_steps: int) -> str:
             _f(r.speedup, "{:.2f}×"),
             str(len(r.draft.records)),
         ]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        lines.append(cells)
+    return table(head, lines)
 
 
 def reference_table(results: Sequence[SetResult], ours_label: str, comparable: bool) -> str:
@@ -99,14 +100,13 @@ def reference_table(results: Sequence[SetResult], ours_label: str, comparable: b
     names = ["mtbench", "gsm8k", "humaneval"]
     ours = {r.name: r.tau for r in results}
     head = ["draft", *(PROMPT_SETS[n].label for n in names), "source"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     mark = "this run" if comparable else "this run (settings differ from the reference: not comparable)"
-    lines.append("| " + " | ".join([ours_label, *(_f(ours.get(n)) for n in names), mark]) + " |")
+    lines = [[ours_label, *(_f(ours.get(n)) for n in names), mark]]
     for ref in REFERENCES:
         cells = [
             ref.draft,
             *(_f(ref.tau.get(n)) for n in names),
             "reference (published)" + (f"; {ref.note}" if ref.note else ""),
         ]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        lines.append(cells)
+    return table(head, lines)
