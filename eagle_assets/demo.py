@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import dagster as dg
 
 from eagle_assets import settings
+from eagle_assets.errors import Systemic
 from eagle_assets.instance import configure_pools, ensure_dagster_home
 
 # The demo prints one line per step and each failure's cause itself; Dagster's own console would repeat
@@ -26,20 +27,21 @@ QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 CORPUS_CONFIG = {"max_samples_per_shard": 160, "eval_fraction": 0.05}
 
 
-# Causes that fail every partition alike: after one of them the demo stops instead of repeating it.
-SYSTEMIC_ERRORS = frozenset(
-    {
-        "TokenizerFilesError",
-        "TokenizerIntegrityError",
-        "EmbeddedSimulatorError",
-        "NoAllowedProviderError",
-        "TargetConfigError",
-        "OpenRouterHTTPError",
-        "DagsterInvalidConfigError",
-        "ModuleNotFoundError",
-        "ImportError",
-    }
-)
+# Not the project's errors, but systemic by nature: a run config Dagster refuses, or code that does not
+# import, fails every partition the same way. The project's own say so by their class (``Systemic``).
+SYSTEMIC_FOREIGN = frozenset({"DagsterInvalidConfigError", "ModuleNotFoundError", "ImportError"})
+
+
+def systemic_names() -> frozenset[str]:
+    """Names of the classes whose failure would repeat for every partition: every project error marked
+    ``Systemic`` in ``eagle_assets.errors`` (the loaded ones: a class that was raised was loaded), and the
+    foreign ones above. Names, because names are what Dagster records of a failure's chain."""
+    names, todo = set(SYSTEMIC_FOREIGN), [Systemic]
+    while todo:
+        cls = todo.pop()
+        names.add(cls.__name__)
+        todo.extend(cls.__subclasses__())
+    return frozenset(names)
 
 
 def failure_cause(result: dg.ExecuteInProcessResult) -> tuple[str, set[str]]:
@@ -86,7 +88,9 @@ class Demo:
         cause, classes = failure_cause(result)
         detail = "\n".join("      " + line for line in cause.splitlines())
         print(f"  {label}: FAILED ({elapsed:.1f}s)\n{detail}", flush=True)
-        if self.succeeded == 0 or classes & SYSTEMIC_ERRORS:
+        # After one of these the demo stops instead of repeating the failure for every partition; so does a
+        # first failure before anything succeeded (the same setup would meet it again).
+        if self.succeeded == 0 or classes & systemic_names():
             self.systemic = cause
         return False
 

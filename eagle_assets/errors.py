@@ -11,6 +11,11 @@ still catches what it caught.
 (a lost lease); the failure mapping lets those through untouched, as they always went. Everything
 else is final for this run: the mapping turns it into ``dagster.Failure(allow_retries=False)``.
 
+``Systemic`` marks the causes that fail every partition alike (a setting, the target's tokenizer files,
+the simulator that cannot start, a provider policy that leaves no endpoint, an account call refused):
+after one of them, trying the next partition only repeats it, so the demo stops at the first. It says
+nothing more to Dagster: a systemic error is final like the others.
+
 This module is a leaf: it imports nothing from the project, so ``resources/`` may import it as well.
 
 The hierarchy (``*`` marks classes defined in the modules named, not here)::
@@ -45,6 +50,14 @@ The hierarchy (``*`` marks classes defined in the modules named, not here)::
     │   └── PlanRefusal *               eagle_assets/generation/plan.py
     ├── Resumable                       the work is kept and a rerun continues: not turned into a Failure
     │   └── LeaseLost                   (see above)
+    ├── Systemic                        the same cause fails every partition alike: the demo stops at the first
+    │   ├── ConfigError                 (see above: every setting error)
+    │   ├── TokenizerFilesError         (see below)
+    │   ├── TokenizerIntegrityError     (see below)
+    │   ├── OpenRouterHTTPError         (see below)
+    │   ├── NoAllowedProviderError      (see below)
+    │   ├── EmbeddedSimulatorError      (see below)
+    │   └── StateFileError              (see below)
     ├── OpenRouterError                 the OpenRouter account, its providers, or the bundled simulator
     │   ├── OpenRouterHTTPError *       resources/openrouter/client.py
     │   ├── NoAllowedProviderError *    resources/openrouter/providers.py
@@ -83,7 +96,14 @@ class EagleForgeError(Exception):
     """Raised on purpose by eagle-forge, with a message that names the cause and what to do about it."""
 
 
-class ConfigError(EagleForgeError):
+class Systemic(EagleForgeError):
+    """The cause is shared by every partition (a setting, the target's files, the simulator, the account):
+    the next partition would fail the same way, so whoever runs them in turn (the demo) stops at the first.
+
+    A marker only: the failure mapping treats these as it treats every non-resumable error (final)."""
+
+
+class ConfigError(Systemic):
     """A setting, a configuration file or an environment variable names something that cannot be used:
     nothing was spent, and rerunning without fixing the setting fails the same way."""
 

@@ -16,7 +16,7 @@ import os
 import re
 from pathlib import Path
 
-from eagle_assets.errors import TargetError
+from eagle_assets.errors import Systemic, TargetError
 
 BUNDLED_DIR = Path(__file__).resolve().with_name("kimi_k25")
 ENV_VAR = "EAGLE_FORGE_TOKENIZER"
@@ -27,11 +27,11 @@ CHECKSUMS_FILE = "SHA256SUMS"
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
-class TokenizerFilesError(TargetError, FileNotFoundError):
+class TokenizerFilesError(TargetError, Systemic, FileNotFoundError):
     """The tokenizer source lacks a file, or names nothing that exists."""
 
 
-class TokenizerIntegrityError(TargetError, RuntimeError):
+class TokenizerIntegrityError(TargetError, Systemic, RuntimeError):
     """A tokenizer file does not match the digest recorded beside it."""
 
 

@@ -27,7 +27,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from eagle_assets.errors import OpenRouterError
+from eagle_assets.errors import OpenRouterError, Systemic
 from resources.openrouter.outcomes import RawResponse, generation_id_from_prefix
 from resources.openrouter.secret import ApiKey
 from resources.openrouter.sse import assemble_sse
@@ -43,8 +43,11 @@ _TRANSPORT_ERRORS = (
 )
 
 
-class OpenRouterHTTPError(OpenRouterError, RuntimeError):
-    """An account/metadata call (not a completion) failed; carries status and a short message."""
+class OpenRouterHTTPError(OpenRouterError, Systemic, RuntimeError):
+    """An account/metadata call (not a completion) failed; carries status and a short message.
+
+    Systemic: every partition makes the same calls with the same key (a refused key, a server that does
+    not answer)."""
 
     def __init__(self, what: str, status: int | None, message: str) -> None:
         super().__init__(f"{what} failed: HTTP {status}: {message[:200]}")

@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from eagle_assets.errors import OpenRouterError
+from eagle_assets.errors import OpenRouterError, Systemic
 
 DEFAULT_QUANTIZATIONS = ("int4", "int8", "fp8", "fp16", "bf16", "fp32")
 DEFAULT_IGNORED = ("fireworks", "baseten")
@@ -32,7 +32,7 @@ UNKNOWN_QUANTIZATION = "unknown"
 TRUST_FIELD = "trust_unknown_quantization"  # the resource's config field, named in refusal messages
 
 
-class NoAllowedProviderError(OpenRouterError, RuntimeError):
+class NoAllowedProviderError(OpenRouterError, Systemic, RuntimeError):
     """Every endpoint of the model is excluded by the policy: refuse to start."""
 
 

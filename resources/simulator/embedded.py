@@ -25,7 +25,7 @@ import psutil
 
 from eagle_assets import settings
 from eagle_assets.durable_files import atomic_write_bytes, directory_lock
-from eagle_assets.errors import OpenRouterError
+from eagle_assets.errors import OpenRouterError, Systemic
 
 DEMO_FLAGS = [
     "--latency-lognormal",
@@ -70,7 +70,7 @@ def generator_flags() -> list[str]:
     raise ValueError(f"EAGLE_FORGE_SIM_GENERATOR must be one of {', '.join(GENERATORS)}, not {choice!r}")
 
 
-class EmbeddedSimulatorError(OpenRouterError, RuntimeError):
+class EmbeddedSimulatorError(OpenRouterError, Systemic, RuntimeError):
     """The spawned simulator exited or never answered; the message carries its last log lines."""
 
 

@@ -16,14 +16,14 @@ from typing import Any
 import orjson
 
 from eagle_assets.durable_files import atomic_write_bytes
-from eagle_assets.errors import OpenRouterError
+from eagle_assets.errors import OpenRouterError, Systemic
 from resources.simulator.config import ProviderEndpoint, SimulatorConfig
 from resources.simulator.faults import FaultConfig, FaultPicker, TokenBucket
 
 STATE_VERSION = 1
 
 
-class StateFileError(OpenRouterError, RuntimeError):
+class StateFileError(OpenRouterError, Systemic, RuntimeError):
     """The state file exists but cannot be read: refuse to start rather than reset the balance."""
 
 
