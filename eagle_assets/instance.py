@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from dagster import DagsterInstance
 
-from eagle_assets import settings
+from eagle_assets.keys import GPU_POOL
+from eagle_assets.layout import dagster_home
 
 DAGSTER_YAML = """\
 run_monitoring:
@@ -28,7 +29,7 @@ telemetry:
 
 def ensure_dagster_home() -> Path:
     """Set DAGSTER_HOME (unless the user did) and write a dagster.yaml once."""
-    home = Path(os.environ.get("DAGSTER_HOME") or settings.forge_home() / "dagster_home")
+    home = Path(os.environ.get("DAGSTER_HOME") or dagster_home())
     home.mkdir(parents=True, exist_ok=True)
     cfg = home / "dagster.yaml"
     if not cfg.exists():
@@ -37,7 +38,7 @@ def ensure_dagster_home() -> Path:
     return home
 
 
-POOL_LIMITS = {"gpu": 1}  # one GPU step at a time per host: hidden states and training each want every GPU
+POOL_LIMITS = {GPU_POOL: 1}  # one GPU step at a time per host: hidden states and training each want every GPU
 
 
 def configure_pools(instance: "DagsterInstance") -> None:

@@ -15,7 +15,8 @@ come from the environment so one image serves any cluster.
 import os
 from typing import Any
 
-K8S_CONFIG_TAG = "dagster-k8s/config"
+from eagle_assets.keys import K8S_CONFIG_TAG
+
 DEFAULT_GPUS = 8
 DEFAULT_GPU_NODE_SELECTOR = {"nvidia.com/gpu.present": "true"}  # set by NVIDIA's GPU feature discovery
 DEFAULT_CPU_NODE_SELECTOR = {"eagle-forge/node-pool": "cpu"}

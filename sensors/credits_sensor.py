@@ -8,8 +8,9 @@ keeps moving between runs (a top-up shows as a step up).
 
 import dagster as dg
 
-from eagle_assets.assets.account import account_observation
+from eagle_assets.assets.account_observation import account_observation
 from eagle_assets.generation.partition_runs import account_snapshot
+from eagle_assets.keys import TOPUP_RUN_TAGS
 from resources.openrouter.resource import OpenRouterResource
 from sensors.topup import CreditsCursor, decide
 
@@ -61,7 +62,7 @@ def build_credits_sensor(
                 run_key=f"topup-{decision.cursor.epoch}:{key.to_user_string()}:{p}",
                 asset_selection=[key],
                 partition_key=p,
-                tags={"eagle-forge/trigger": "credits-topup", "eagle-forge/pool": "openrouter"},
+                tags=dict(TOPUP_RUN_TAGS),
             )
             for key, parts in pending.items()
             for p in parts

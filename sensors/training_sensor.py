@@ -5,9 +5,9 @@ from typing import Any
 
 import dagster as dg
 
-from eagle_assets.assets.draft import BENCHMARK_KEY, DRAFT_KEY, train_partitions
 from eagle_assets.assets.hidden_state_checks import fidelity_failures
-from eagle_assets.assets.hidden_states import HIDDEN_STATES_KEY
+from eagle_assets.keys import BENCHMARK_KEY, DRAFT_KEY, HIDDEN_STATES_KEY, TRAINING_RUN_TAGS
+from eagle_assets.shard_partitions import train_partitions
 from sensors.training import decide_training
 
 
@@ -43,7 +43,7 @@ def build_training_sensor(
                     run_key=decision.run_key,
                     run_config=dict(run_config or {}),
                     asset_selection=selection,
-                    tags={"eagle-forge/trigger": "hidden_states", "eagle-forge/pool": "gpu"},
+                    tags=dict(TRAINING_RUN_TAGS),
                 )
             ]
         )

@@ -21,7 +21,6 @@ from eagle_assets import settings
 from eagle_assets.assets.draft_benchmark import BenchmarkConfig
 from eagle_assets.assets.failures import fail, project_errors_fail
 from eagle_assets.assets.hidden_state_checks import fidelity_failures
-from eagle_assets.assets.hidden_states import GPU_POOL, GPU_TAGS, HIDDEN_STATES_KEY, hidden_states_root
 from eagle_assets.corpus.tokenized_schema import EOT_ID
 from eagle_assets.draft.run_config import (
     DraftRunConfig,
@@ -35,13 +34,11 @@ from eagle_assets.draft.run_config import (
 )
 from eagle_assets.durable_files import publishing_directory
 from eagle_assets.k8s_placement import gpu_step_tags
+from eagle_assets.keys import BENCHMARK_KEY, DRAFT_GROUP, DRAFT_KEY, DRAFT_TAGS, GPU_POOL, HIDDEN_STATES_KEY
+from eagle_assets.layout import draft_runs_dir, hidden_states_root, latest_export_dir
+from eagle_assets.shard_partitions import train_partitions
 from resources.serving.resource import ServingEngineResource
 from resources.target.resource import TargetModelResource
-
-DRAFT_GROUP = "draft"
-DRAFT_KEY = dg.AssetKey(["draft_model"])
-BENCHMARK_KEY = dg.AssetKey(["draft_benchmark"])
-DRAFT_TAGS = {**GPU_TAGS, "eagle-forge/stage": "draft"}
 
 
 class DraftTrainConfig(dg.Config, TrainKnobs):
@@ -97,23 +94,9 @@ def training_run_config(tiny_target: bool) -> dict[str, object]:
     }
 
 
-def train_partitions(instance: dg.DagsterInstance) -> list[str]:
-    from eagle_assets.assets.corpus import CORPUS_SHARDS_NAME
-
-    return sorted(k for k in instance.get_dynamic_partitions(CORPUS_SHARDS_NAME) if k.startswith("train-"))
-
-
 def run_identity(model_id: str, shards: dict[str, str], config: DraftTrainConfig) -> str:
     blob = json.dumps({"target": model_id, "shards": shards, "train": config.model_dump()}, sort_keys=True)
     return hashlib.blake2b(blob.encode(), digest_size=8).hexdigest()
-
-
-def draft_runs_dir() -> Path:
-    return settings.forge_home() / "draft" / "runs"
-
-
-def latest_export_dir() -> Path:
-    return settings.forge_home() / "draft" / "latest"
 
 
 def publish_export(export: Path, latest: Path) -> None:
@@ -251,7 +234,7 @@ def draft_benchmark(
 
     export = latest_export_dir() / "export"
     if not (export / "config.json").is_file():
-        raise fail(f"no exported draft at {export}: materialize draft_model first", allow_retries=True)
+        raise fail(f"no exported draft at {export}: materialize draft_model first")
     if serving.serves:
         return run_serving(context, config, target, serving, export)
     return run_inprocess(context, config, target, export)

@@ -17,8 +17,7 @@ from pydantic import Field
 from eagle_assets.assets.checks import check_results, check_specs, examples_markdown
 from eagle_assets.corpus.validation import CheckOutcome
 from eagle_assets.hidden_states.fidelity_spec import CHECKS, FidelityConfig
-
-HIDDEN_STATES_KEY = dg.AssetKey(["hidden_states"])
+from eagle_assets.keys import HIDDEN_STATES_KEY
 
 
 class FidelityCheckConfig(dg.Config):

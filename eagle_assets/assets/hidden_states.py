@@ -16,11 +16,8 @@ from typing import Any
 import dagster as dg
 import polars as pl
 
-from eagle_assets import settings
-from eagle_assets.assets.corpus import CORPUS_KEY, CORPUS_SHARDS, shard_file
 from eagle_assets.assets.failures import fail, project_errors_fail
 from eagle_assets.assets.hidden_state_checks import (
-    HIDDEN_STATES_KEY,
     FidelityCheckConfig,
     fidelity_check_results,
     fidelity_check_specs,
@@ -29,21 +26,18 @@ from eagle_assets.assets.hidden_state_checks import (
 from eagle_assets.corpus.validation import CheckOutcome
 from eagle_assets.hidden_states.fidelity_spec import FidelityConfig
 from eagle_assets.k8s_placement import gpu_step_tags
+from eagle_assets.keys import (
+    CORPUS_KEY,
+    CORPUS_SHARDS,
+    GPU_POOL,
+    HIDDEN_STATES_GROUP,
+    HIDDEN_STATES_KEY,
+    HIDDEN_STATES_TAGS,
+)
+from eagle_assets.layout import shard_file, store_dir
 from resources.target.resource import TargetModelResource
 
-HIDDEN_STATES_GROUP = "hidden_states"
-GPU_POOL = "gpu"
-GPU_TAGS = {"eagle-forge/runs-on": "gpu-host", "eagle-forge/stage": "hidden_states"}
 GiB = 1 << 30
-
-
-def hidden_states_root() -> Path:
-    return settings.forge_home() / "hidden_states"
-
-
-def store_dir(partition_key: str) -> Path:
-    """One store per corpus shard (see ``hidden_states.store_set``)."""
-    return hidden_states_root() / partition_key
 
 
 def _progress_logger(context: dg.AssetExecutionContext, every_s: float = 10.0):
@@ -66,8 +60,8 @@ def _progress_logger(context: dg.AssetExecutionContext, every_s: float = 10.0):
     partitions_def=CORPUS_SHARDS,
     group_name=HIDDEN_STATES_GROUP,
     pool=GPU_POOL,
-    tags=GPU_TAGS,
-    op_tags={**GPU_TAGS, **gpu_step_tags()},
+    tags=HIDDEN_STATES_TAGS,
+    op_tags={**HIDDEN_STATES_TAGS, **gpu_step_tags()},
     kinds={"pytorch", "safetensors"},
     check_specs=fidelity_check_specs(CORPUS_SHARDS),
     description="Per corpus shard: the target's low/mid/high auxiliary hidden states and last hidden state "

@@ -19,16 +19,13 @@ The pure work is in ``eagle_assets.generation.plan``; this module gathers its in
 import asyncio
 import math
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import dagster as dg
 from pydantic import Field
 
-from eagle_assets import settings
-from eagle_assets.assets.account import account_observation
+from eagle_assets.assets.account_observation import account_observation
 from eagle_assets.assets.failures import fail
-from eagle_assets.assets.generation import GENERATION_GROUP, GENERATION_POOL, PLAN_KEY, partition_paths
 from eagle_assets.datasets.config import DatasetSpec
 from eagle_assets.generation.account_snapshot import AccountSnapshot
 from eagle_assets.generation.partition_runs import (
@@ -58,6 +55,8 @@ from eagle_assets.generation.plan_inputs import JournalFacts, latency_estimate
 from eagle_assets.generation.plan_queue import DatasetQueue, dataset_queue
 from eagle_assets.generation.plan_report import plan_markdown
 from eagle_assets.generation.runner import PartitionJob, format_duration
+from eagle_assets.keys import GENERATION_GROUP, GENERATION_POOL, PLAN_KEY, stage_tags
+from eagle_assets.layout import dataset_cache_dir, journal_path, plan_path
 from resources.openrouter.resource import OpenRouterResource
 
 
@@ -86,12 +85,8 @@ def enough_answers(config: GenerationPlanConfig, openrouter: OpenRouterResource)
     return min(min_samples, config.pilot_prompts) if config.pilot_prompts else min_samples
 
 
-def dataset_cache_dir() -> Path:
-    return settings.forge_home() / "state" / "datasets"
-
-
 def queue_of(spec: DatasetSpec) -> DatasetQueue:
-    return dataset_queue(spec, dataset_cache_dir(), lambda d, s: partition_paths(d, s)[0])
+    return dataset_queue(spec, dataset_cache_dir(), journal_path)
 
 
 def _allowed_prices(openrouter: OpenRouterResource, log: Any, with_tools: bool) -> list[EndpointPrice]:
@@ -120,7 +115,7 @@ def run_pilots(
         if own is not None and model in (openrouter.model, "") and own.n >= enough:
             continue
         for shard, prompts, chains in queue_of(spec).pilot(config.pilot_prompts):
-            journal = partition_paths(spec.name, shard)[0]
+            journal = journal_path(spec.name, shard)
             jobs.append(PartitionJob(spec.name, shard, prompts, spec.output_token_budget, journal, chains=chains))
             wanted[spec.name] = wanted.get(spec.name, 0) + (len(prompts) if chains is None else chains.total)
     if not jobs:
@@ -253,7 +248,7 @@ def plan_metadata(plan: Plan) -> dict[str, dg.MetadataValue]:
         "projected_output_tokens": dg.MetadataValue.int(math.floor(plan.total_tokens.expected)),
         "projected_requests": dg.MetadataValue.int(math.floor(plan.total_requests.expected)),
         "projected_wall": dg.MetadataValue.text(format_duration(plan.wall_s)),
-        "path": dg.MetadataValue.path(str(settings.forge_home() / "state" / "generation_plan.json")),
+        "path": dg.MetadataValue.path(str(plan_path())),
     }
 
 
@@ -263,7 +258,7 @@ def build_plan_asset(specs: list[DatasetSpec]) -> dg.AssetsDefinition:
         group_name=GENERATION_GROUP,
         pool=GENERATION_POOL,  # a pilot buys answers like any generation step
         kinds={"openrouter"},
-        tags={"eagle-forge/stage": "generation"},
+        tags=stage_tags(GENERATION_GROUP),
         description="Before any spend: requests, output and prompt tokens, dollars (with intervals) and wall time per"
         " dataset against the key's remaining credit and the budget; proposes targets that fit when they do not."
         " on_overrun (config) decides whether generation waits, scales down or proceeds.",

@@ -15,7 +15,6 @@ from typing import Any
 
 import yaml
 
-from eagle_assets import settings
 from eagle_assets.datasets.file_readers import PromptFileError
 from eagle_assets.datasets.formats import ALL_FIELDS, FORMATS
 from eagle_assets.datasets.regeneration import DEFAULT_MODE, MODES
@@ -23,6 +22,7 @@ from eagle_assets.datasets.samples import BUILDERS, write_samples
 from eagle_assets.datasets.sampling import ORDERS, RowOrder, shard_count
 from eagle_assets.datasets.sources import ResolvedSource, SourceSpec, cached_row_count, resolve_source
 from eagle_assets.errors import ConfigError
+from eagle_assets.layout import dataset_cache_dir, samples_dir
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "datasets.yaml"
 NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,31}$")
@@ -88,7 +88,7 @@ class DatasetSpec:
         return self._resolved["source"]
 
     def row_count(self) -> int:
-        return cached_row_count(self.resolve(), settings.forge_home() / "state" / "datasets")
+        return cached_row_count(self.resolve(), dataset_cache_dir())
 
     def shard_keys(self) -> list[str]:
         """Partition keys for this dataset's shards (one placeholder shard when the source cannot be read now:
@@ -150,8 +150,8 @@ def _source(entry: dict[str, Any], base: Path, name: str, where: str) -> tuple[P
         sample = raw.split(":", 1)[1]
         if sample not in BUILDERS:
             raise DatasetConfigError(f"{name}: unknown sample set {sample!r} (have {sorted(BUILDERS)})")
-        write_samples(settings.samples_dir(), count=SAMPLE_COUNT, names=[sample])
-        return settings.samples_dir() / f"{sample}.jsonl", None
+        write_samples(samples_dir(), count=SAMPLE_COUNT, names=[sample])
+        return samples_dir() / f"{sample}.jsonl", None
     data_files = entry.get("data_files")
     if isinstance(data_files, str):
         data_files = [data_files]

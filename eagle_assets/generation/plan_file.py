@@ -9,12 +9,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from eagle_assets import settings
 from eagle_assets.durable_files import atomic_write_bytes
-
-
-def plan_path() -> Path:
-    return settings.forge_home() / "state" / "generation_plan.json"
+from eagle_assets.layout import plan_path
 
 
 def write_plan(doc: dict[str, Any], path: Path | None = None) -> Path:

@@ -174,13 +174,6 @@ def tiny_model_id(seed: int = 0) -> str:
     return f"eagle-forge/tiny-kimi-seed{seed}"
 
 
-def default_tiny_target_dir(seed: int = 0) -> Path:
-    """Where the demo keeps the tiny target: ``$EAGLE_FORGE_HOME/models/tiny-kimi-seed<seed>``."""
-    from eagle_assets.settings import forge_home
-
-    return forge_home() / "models" / f"tiny-kimi-seed{seed}"
-
-
 def _is_complete(path: Path, spec: TinyTargetSpec) -> bool:
     marker = path / COMPLETE_MARKER
     if not marker.is_file() or not (path / "config.json").is_file():

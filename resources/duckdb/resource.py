@@ -10,8 +10,8 @@ from pathlib import Path
 import dagster as dg
 from pydantic import Field
 
-from eagle_assets import settings
 from eagle_assets.corpus.validation import DuckDBSettings
+from eagle_assets.layout import duckdb_tmp_dir
 
 
 class DuckDBResource(dg.ConfigurableResource):
@@ -24,7 +24,7 @@ class DuckDBResource(dg.ConfigurableResource):
     max_examples: int = Field(default=5, ge=0, description="failing rows shown per check")
 
     def settings(self) -> DuckDBSettings:
-        temp = Path(self.temp_directory) if self.temp_directory else settings.forge_home() / "duckdb_tmp"
+        temp = Path(self.temp_directory) if self.temp_directory else duckdb_tmp_dir()
         temp.mkdir(parents=True, exist_ok=True)
         return DuckDBSettings(
             database=self.database,

@@ -40,9 +40,10 @@ def config_from_args(argv: Sequence[str] | None = None) -> SimulatorConfig:
 def _tiny_target_dir(given: Path | None, seed: int | None) -> Path | None:
     if seed is None:
         return given
-    from eagle_assets.target.tiny import build_tiny_target, default_tiny_target_dir  # imports torch
+    from eagle_assets.layout import tiny_target_dir
+    from eagle_assets.target.tiny import build_tiny_target  # imports torch
 
-    return build_tiny_target(given or default_tiny_target_dir(seed), seed)
+    return build_tiny_target(given or tiny_target_dir(seed), seed)
 
 
 def config_from_namespace(args: argparse.Namespace) -> SimulatorConfig:

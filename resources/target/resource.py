@@ -41,9 +41,10 @@ class TargetModelResource(dg.ConfigurableResource):
             if not (path / "config.json").is_file():
                 raise FileNotFoundError(f"target model path {path} has no config.json (a local HF checkpoint)")
             return path
-        from eagle_assets.target.tiny import build_tiny_target, default_tiny_target_dir
+        from eagle_assets.layout import tiny_target_dir
+        from eagle_assets.target.tiny import build_tiny_target
 
-        return build_tiny_target(default_tiny_target_dir(self.tiny_seed), self.tiny_seed)
+        return build_tiny_target(tiny_target_dir(self.tiny_seed), self.tiny_seed)
 
     def model_id(self) -> str:
         from eagle_assets.target.tiny import tiny_model_id

@@ -9,12 +9,13 @@ import json
 import dagster as dg
 import pytest
 
-from eagle_assets.assets.account import ACCOUNT_KEY, openrouter_account
+from eagle_assets.assets.account import openrouter_account
 from eagle_assets.assets.generation import build_generated_asset
 from eagle_assets.assets.plan import build_plan_asset
 from eagle_assets.datasets.config import DatasetSpec
 from eagle_assets.generation.journal import read_records
 from eagle_assets.generation.ledger import BudgetLedger
+from eagle_assets.keys import ACCOUNT_KEY
 from eagle_assets.settings import tokenizer_dir
 from resources.duckdb.resource import DuckDBResource
 from resources.simulator.config import LatencyConfig, SimulatorConfig

@@ -4,12 +4,14 @@ import dagster as dg
 import polars as pl
 import torch
 
-from eagle_assets.assets.corpus import CORPUS_SHARDS, build_corpus_asset, corpus_dir, shard_file
-from eagle_assets.assets.generation import build_generated_asset, partition_paths
-from eagle_assets.assets.hidden_states import hidden_states, store_dir
+from eagle_assets.assets.corpus import build_corpus_asset
+from eagle_assets.assets.generation import build_generated_asset
+from eagle_assets.assets.hidden_states import hidden_states
 from eagle_assets.assets.tokens import build_tokenized_asset
 from eagle_assets.datasets.config import DatasetSpec
 from eagle_assets.hidden_states.store import HiddenStateStore
+from eagle_assets.keys import CORPUS_SHARDS
+from eagle_assets.layout import corpus_dir, partition_paths, shard_file, store_dir
 from eagle_assets.settings import tokenizer_dir
 from eagle_assets.target.tiny import load_target
 from resources.duckdb.resource import DuckDBResource

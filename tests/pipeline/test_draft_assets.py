@@ -6,19 +6,13 @@ from pathlib import Path
 import dagster as dg
 
 from eagle_assets.assets.corpus import build_corpus_asset
-from eagle_assets.assets.draft import (
-    BENCHMARK_KEY,
-    DRAFT_KEY,
-    TINY_TARGET_TRAIN_CONFIG,
-    draft_benchmark,
-    draft_model,
-    latest_export_dir,
-    training_run_config,
-)
+from eagle_assets.assets.draft import TINY_TARGET_TRAIN_CONFIG, draft_benchmark, draft_model, training_run_config
 from eagle_assets.assets.generation import build_generated_asset
 from eagle_assets.assets.hidden_states import hidden_states
 from eagle_assets.assets.tokens import build_tokenized_asset
 from eagle_assets.datasets.config import DatasetSpec
+from eagle_assets.keys import BENCHMARK_KEY, DRAFT_KEY
+from eagle_assets.layout import latest_export_dir
 from eagle_assets.settings import tokenizer_dir
 from resources.simulator.config import LatencyConfig, SimulatorConfig
 from resources.simulator.control import run_simulator_in_thread

@@ -12,11 +12,12 @@ import polars as pl
 import pytest
 import torch
 
-from eagle_assets.assets.corpus import CORPUS_SHARDS, shard_file
 from eagle_assets.assets.draft import draft_model, training_run_config
 from eagle_assets.assets.hidden_state_checks import check_summaries, fidelity_failures
-from eagle_assets.assets.hidden_states import hidden_states, store_dir
+from eagle_assets.assets.hidden_states import hidden_states
 from eagle_assets.hidden_states import extract_hf
+from eagle_assets.keys import CORPUS_SHARDS
+from eagle_assets.layout import shard_file, store_dir
 from resources.target.resource import TargetModelResource
 from sensors.training_sensor import build_training_sensor
 

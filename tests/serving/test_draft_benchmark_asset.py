@@ -4,8 +4,8 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from eagle_assets.assets.corpus import corpus_dir
-from eagle_assets.assets.draft import draft_benchmark, latest_export_dir
+from eagle_assets.assets.draft import draft_benchmark
+from eagle_assets.layout import corpus_dir, latest_export_dir
 from resources.serving.resource import ServingEngineResource
 from resources.target.resource import TargetModelResource
 from tests.serving.conftest import FAKE_LAUNCHER, write_draft
