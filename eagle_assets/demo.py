@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import dagster as dg
 
-from eagle_assets import settings
+from eagle_assets import layout
 from eagle_assets.errors import Systemic
 from eagle_assets.instance import configure_pools, ensure_dagster_home
 
@@ -113,17 +113,18 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", category=dg.BetaWarning)
     home = ensure_dagster_home()
     from eagle_assets import definitions  # after DAGSTER_HOME is set
-    from eagle_assets.assets.corpus import CORPUS_KEY, CORPUS_SHARDS_NAME
-    from eagle_assets.assets.draft import (
-        BENCHMARK_KEY,
-        DRAFT_KEY,
-        TINY_TARGET_BENCHMARK_CONFIG,
-        TINY_TARGET_TRAIN_CONFIG,
-        latest_export_dir,
-    )
-    from eagle_assets.assets.generation import PLAN_KEY
+    from eagle_assets.assets.draft import TINY_TARGET_BENCHMARK_CONFIG, TINY_TARGET_TRAIN_CONFIG
     from eagle_assets.assets.hidden_state_checks import check_summaries
-    from eagle_assets.assets.hidden_states import HIDDEN_STATES_KEY
+    from eagle_assets.keys import (
+        BENCHMARK_KEY,
+        CORPUS_KEY,
+        DRAFT_KEY,
+        HIDDEN_STATES_KEY,
+        PLAN_KEY,
+        generated_asset_key,
+        tokenized_asset_key,
+    )
+    from eagle_assets.shard_partitions import train_partitions
 
     instance = dg.DagsterInstance.get()
     configure_pools(instance)
@@ -139,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, spec in definitions.DATASETS.items():
         if args.datasets and name not in args.datasets:
             continue
-        gen, tok = dg.AssetKey(["generated", name]), dg.AssetKey(["tokenized", name])
+        gen, tok = generated_asset_key(name), tokenized_asset_key(name)
         done = demo.done(gen) & demo.done(tok)
         for shard in spec.shard_keys():
             if shard in done:
@@ -156,11 +157,10 @@ def main(argv: list[str] | None = None) -> int:
         return finish(demo, start, home, sim)
 
     print("3/5 hidden states of the tiny target, per corpus shard, with their fidelity checks", flush=True)
-    for shard in sorted(instance.get_dynamic_partitions(CORPUS_SHARDS_NAME)):
-        if shard.startswith("train-"):
-            demo.materialize([HIDDEN_STATES_KEY], f"hidden_states/{shard}", partition=shard)
-            for _, summary in check_summaries(demo.last_result) if demo.last_result else []:
-                print(f"    {summary.split(': ', 1)[-1]}", flush=True)  # the check, passed or FAILED, its figures
+    for shard in train_partitions(instance):
+        demo.materialize([HIDDEN_STATES_KEY], f"hidden_states/{shard}", partition=shard)
+        for _, summary in check_summaries(demo.last_result) if demo.last_result else []:
+            print(f"    {summary.split(': ', 1)[-1]}", flush=True)  # the check, passed or FAILED, its figures
     if demo.failed or args.stop_after == "hidden_states":
         return finish(demo, start, home, sim)
 
@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
             f"untrained {md['acceptance_length_untrained'].value:.2f}; per position "
             f"{md['per_position_accept_rate'].value}"
         )
-        print(f"  exported draft: {latest_export_dir()}/export (SGLang and vLLM)")
+        print(f"  exported draft: {layout.latest_export_dir()}/export (SGLang and vLLM)")
     return finish(demo, start, home, sim)
 
 
@@ -215,7 +215,7 @@ def finish(demo: Demo, start: float, home, sim: SimulatorOwnership) -> int:
     if demo.systemic:
         print("\nstopped early: the failure above would repeat for every partition; fix its cause and rerun")
     print(f"\nfinished in {time.monotonic() - start:.1f}s; {len(demo.failed)} failed {demo.failed or ''}")
-    print(f"outputs under {settings.forge_home()}: generated/, tokenized/, corpus/, hidden_states/, draft/")
+    print(f"outputs under {layout.root()}: generated/, tokenized/, corpus/, hidden_states/, draft/")
     sim.close()
     print(f"Dagster UI: DAGSTER_HOME={home} .venv/bin/dagster dev -w workspace.yaml → http://127.0.0.1:3000")
     return 1 if demo.failed else 0

@@ -1,4 +1,7 @@
-"""Where eagle-forge keeps its state: one home folder, overridable with ``EAGLE_FORGE_HOME``."""
+"""What the environment says: the home folder (``EAGLE_FORGE_HOME``), the ledger's database, the tokenizer.
+
+The paths under the home are composed in ``layout``.
+"""
 
 import os
 from pathlib import Path
@@ -18,31 +21,17 @@ def forge_home() -> Path:
     return Path(os.environ.get("EAGLE_FORGE_HOME") or _default_home()).expanduser().resolve()
 
 
-def samples_dir() -> Path:
-    return forge_home() / "samples"
-
-
-def journal_dir() -> Path:
-    return forge_home() / "journal"
-
-
-def generated_dir() -> Path:
-    return forge_home() / "generated"
-
-
-def ledger_path() -> Path:
-    return forge_home() / "state" / "ledger.sqlite"
-
-
 def database_url() -> str:
     """``EAGLE_FORGE_DATABASE_URL``: the ledger's database when several hosts share one account
     (``postgresql://user@host/db``; the password from ``PGPASSWORD`` or ``~/.pgpass`` keeps it out of the URL).
-    Empty: the SQLite file ``ledger_path()``, for one machine."""
+    Empty: the SQLite file ``layout.ledger_path()``, for one machine."""
     return os.environ.get("EAGLE_FORGE_DATABASE_URL", "").strip()
 
 
 def ledger_location() -> str | Path:
     """Where the budget ledger lives: the database URL if one is set, else the SQLite file."""
+    from eagle_assets.layout import ledger_path  # layout reads the home from here: imported when called
+
     return database_url() or ledger_path()
 
 

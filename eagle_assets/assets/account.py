@@ -12,33 +12,10 @@ import warnings
 
 import dagster as dg
 
-from eagle_assets.generation.account_snapshot import AccountSnapshot
+from eagle_assets.assets.account_observation import account_metadata
 from eagle_assets.generation.partition_runs import account_snapshot
+from eagle_assets.keys import ACCOUNT_KEY, GENERATION_GROUP
 from resources.openrouter.resource import OpenRouterResource
-
-ACCOUNT_KEY = dg.AssetKey(["openrouter_account"])
-ACCOUNT_GROUP = "generation"
-
-
-def account_metadata(snap: AccountSnapshot) -> dict[str, dg.MetadataValue]:
-    """Numbers only where they are known: an unknown credit is left out, never plotted as zero."""
-    meta: dict[str, dg.MetadataValue] = {
-        "spent_usd": dg.MetadataValue.float(round(snap.spent_usd, 6)),
-        "held_usd": dg.MetadataValue.float(round(snap.held_usd, 6)),
-        "budget_left_usd": dg.MetadataValue.float(round(snap.budget_left_usd, 6)),
-        "output_tokens": dg.MetadataValue.int(snap.output_tokens),
-        "in_flight": dg.MetadataValue.int(snap.in_flight),
-        "budget_usd": dg.MetadataValue.float(snap.budget_usd),
-        "cap_source": dg.MetadataValue.text(snap.cap_source),
-        "observed_by": dg.MetadataValue.text(snap.observed_by),
-    }
-    if snap.remaining_credit_usd is not None:
-        meta["remaining_credit_usd"] = dg.MetadataValue.float(round(snap.remaining_credit_usd, 6))
-    return meta
-
-
-def account_observation(snap: AccountSnapshot) -> dg.AssetObservation:
-    return dg.AssetObservation(asset_key=ACCOUNT_KEY, metadata=account_metadata(snap))
 
 
 def _account_asset() -> dg.SourceAsset:
@@ -48,7 +25,7 @@ def _account_asset() -> dg.SourceAsset:
 
         @dg.observable_source_asset(
             key=ACCOUNT_KEY,
-            group_name=ACCOUNT_GROUP,
+            group_name=GENERATION_GROUP,
             description="The OpenRouter key's remaining credit and the budget ledger's spend, held dollars and"
             " output tokens. Observed by every generation run (every account_observe_interval_s) and by the"
             " credits_topup_backfill sensor; the metadata's Plots view shows spend over time.",

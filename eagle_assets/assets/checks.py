@@ -4,6 +4,8 @@ The checks run inside the asset's own step (specs declared on the asset) rather 
 check ops: they are column scans of the file the step has just written, and a separate op would cost
 a process start per check per partition. Blocking specs stop downstream steps of the same run; the
 corpus asset re-validates its inputs too, so a failing partition cannot slip in through another run.
+The length distribution the checks measure is shown on the tokenized partitions and the corpus alike
+(``length_metadata``).
 """
 
 import warnings
@@ -75,6 +77,17 @@ def outcome_metadata(outcome: CheckOutcome) -> dict[str, dg.MetadataValue]:
     if outcome.failing_examples:
         meta["failing_examples"] = dg.MetadataValue.md(examples_markdown(outcome.failing_examples))
     return meta
+
+
+def length_metadata(lengths: dict[str, float | int | str]) -> dict[str, dg.MetadataValue]:
+    """Sample lengths in tokens (they size the hidden-state store and the training batches)."""
+    order = ("min", "p50", "p90", "p99", "max", "mean")
+    distribution = table(order, [[f"{float(lengths[k]):.0f}" for k in order]])
+    return {
+        "length_distribution": dg.MetadataValue.md(distribution),
+        "length_p50": dg.MetadataValue.int(int(lengths["p50"])),
+        "length_max": dg.MetadataValue.int(int(lengths["max"])),
+    }
 
 
 def check_results(

@@ -13,10 +13,8 @@ import dagster as dg
 from pydantic import Field
 
 from eagle_assets import settings
-from eagle_assets.assets.checks import TOKENIZED_CHECKS
+from eagle_assets.assets.checks import TOKENIZED_CHECKS, length_metadata
 from eagle_assets.assets.failures import fail
-from eagle_assets.assets.generation import read_allowed_providers
-from eagle_assets.assets.tokens import length_metadata, tokenized_asset_key, tokenized_path
 from eagle_assets.corpus.merge import MergeConfig, merge_corpus
 from eagle_assets.corpus.validation import (
     DEFAULT_TOKEN_DIFF_BOUND,
@@ -26,28 +24,12 @@ from eagle_assets.corpus.validation import (
 )
 from eagle_assets.datasets.config import DatasetSpec
 from eagle_assets.generation.ledger import BudgetLedger
+from eagle_assets.generation.partition_sidecars import read_allowed_providers
+from eagle_assets.keys import CORPUS_GROUP, CORPUS_KEY, stage_tags, tokenized_asset_key
+from eagle_assets.layout import corpus_dir, shard_partition_key, tokenized_path
 from eagle_assets.markdown import table
+from eagle_assets.shard_partitions import sync_shard_partitions
 from resources.duckdb.resource import DuckDBResource
-
-CORPUS_GROUP = "corpus"
-CORPUS_KEY = dg.AssetKey(["corpus"])
-CORPUS_SHARDS_NAME = "corpus_shard"  # the definition's name, typed str (``.name`` is optional in dagster)
-CORPUS_SHARDS = dg.DynamicPartitionsDefinition(name=CORPUS_SHARDS_NAME)
-
-
-def corpus_dir() -> Path:
-    return settings.forge_home() / "corpus"
-
-
-def shard_partition_key(file: str) -> str:
-    """``train/shard-00003.parquet`` → ``train-00003`` (partition keys may not contain slashes)."""
-    split, name = file.split("/", 1)
-    return f"{split}-{name.removeprefix('shard-').removesuffix('.parquet')}"
-
-
-def shard_file(partition_key: str) -> Path:
-    split, number = partition_key.split("-", 1)
-    return corpus_dir() / split / f"shard-{number}.parquet"
 
 
 class CorpusConfig(dg.Config):
@@ -71,7 +53,7 @@ def build_corpus_asset(datasets: Sequence[DatasetSpec]) -> dg.AssetsDefinition:
         deps=[dg.AssetDep(tokenized_asset_key(s.name), partition_mapping=dg.AllPartitionMapping()) for s in datasets],
         group_name=CORPUS_GROUP,
         kinds={"parquet", "duckdb"},
-        tags={"eagle-forge/stage": "corpus"},
+        tags=stage_tags(CORPUS_GROUP),
         description="All tokenized partitions, re-validated per dataset, deduplicated, shuffled with a fixed seed, "
         "split train/eval and written in shards (the hidden-state partitions).",
     )
@@ -121,16 +103,6 @@ def build_corpus_asset(datasets: Sequence[DatasetSpec]) -> dg.AssetsDefinition:
         return dg.MaterializeResult(metadata=corpus_metadata(index, tokens, diffs, missing))
 
     return corpus
-
-
-def sync_shard_partitions(instance: dg.DagsterInstance, keys: Sequence[str]) -> None:
-    """Make the hidden-state partitions exactly the corpus shards (a re-merge may change their number)."""
-    current = set(instance.get_dynamic_partitions(CORPUS_SHARDS_NAME))
-    new = [k for k in keys if k not in current]
-    if new:
-        instance.add_dynamic_partitions(CORPUS_SHARDS_NAME, new)
-    for stale in sorted(current - set(keys)):
-        instance.delete_dynamic_partition(CORPUS_SHARDS_NAME, stale)
 
 
 def dataset_spend_usd(names: Sequence[str]) -> dict[str, float]:

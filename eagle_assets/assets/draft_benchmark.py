@@ -17,12 +17,12 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
-from eagle_assets import settings
 from eagle_assets.assets.failures import fail
 from eagle_assets.benchmarks.acceptance import AcceptanceTally
 from eagle_assets.benchmarks.prompt_sets import PROMPT_SETS, PromptSetError
 from eagle_assets.benchmarks.reference import REFERENCES, comparable
 from eagle_assets.benchmarks.results import SetResult, reference_table, results_table
+from eagle_assets.layout import benchmark_runs_dir, corpus_split_dir
 from eagle_assets.markdown import table
 from resources.serving.commands import SettingsError, SpeculativeSettings
 from resources.serving.resource import ServingEngineResource
@@ -65,11 +65,9 @@ def held_out_prompts(n: int) -> list[list[int]]:
     """Prompt ids (chat template + generation prompt) of the eval split: never trained on."""
     import polars as pl
 
-    from eagle_assets.assets.corpus import corpus_dir
-
-    files = sorted((corpus_dir() / "eval").glob("shard-*.parquet"))
+    files = sorted(corpus_split_dir("eval").glob("shard-*.parquet"))
     if not files:
-        raise fail("the corpus has no eval split: re-materialize it with eval_fraction > 0", allow_retries=True)
+        raise fail("the corpus has no eval split: re-materialize it with eval_fraction > 0")
     frame = pl.concat([pl.read_parquet(f, columns=["input_ids", "prompt_len"]) for f in files]).head(n)
     return [ids[:k] for ids, k in zip(frame["input_ids"].to_list(), frame["prompt_len"].to_list(), strict=True)]
 
@@ -254,7 +252,7 @@ def run_serving(
     except (SettingsError, PromptSetError, ValueError, OSError) as exc:
         raise _fail(f"{serving.backend} benchmark not started: {exc}") from exc
     stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{context.run.run_id[:8]}"
-    run_dir = settings.forge_home() / "draft" / "benchmarks" / stamp
+    run_dir = benchmark_runs_dir() / stamp
     settings_md = {
         "backend": serving.backend,
         "num_steps": spec.num_steps,

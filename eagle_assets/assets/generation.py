@@ -4,80 +4,32 @@ One asset per dataset (not a static × dynamic grid) because every dataset has i
 shards; a backfill of "failed and missing" then re-runs exactly the shards left.
 """
 
-import json
 from pathlib import Path
 
 import dagster as dg
 
-from eagle_assets import settings
-from eagle_assets.assets.account import account_observation
+from eagle_assets.assets.account_observation import account_observation
 from eagle_assets.assets.checks import GENERATED_CHECKS, check_results, check_specs
 from eagle_assets.assets.dataset_metadata import input_metadata
 from eagle_assets.assets.failures import fail, project_errors_fail
 from eagle_assets.corpus.validation import run_generated_checks
 from eagle_assets.datasets.config import DatasetSpec
-from eagle_assets.durable_files import atomic_write_bytes
 from eagle_assets.generation.partition_inputs import partition_inputs
 from eagle_assets.generation.partition_output import write_partition_parquet
 from eagle_assets.generation.partition_runs import native_completion_counts, run_partition
+from eagle_assets.generation.partition_sidecars import read_native_counts, record_allowed_providers, write_native_counts
 from eagle_assets.generation.plan import plan_gate
 from eagle_assets.generation.plan_file import read_plan
 from eagle_assets.generation.runner import PartitionJob, PartitionReport
 from eagle_assets.generation.shard_identity import ShardIdentity, check_shard_identity
 from eagle_assets.k8s_placement import cpu_step_tags
+from eagle_assets.keys import GENERATION_GROUP, GENERATION_POOL, PLAN_KEY, generated_asset_key, stage_tags
+from eagle_assets.layout import dataset_cache_dir, partition_paths
 from eagle_assets.markdown import table
 from resources.duckdb.resource import DuckDBResource
 from resources.openrouter.resource import OpenRouterResource
 
-GENERATION_GROUP = "generation"
-GENERATION_POOL = "openrouter"
-PLAN_KEY = dg.AssetKey(["generation_plan"])
 MAX_LOGGED_PROBLEMS = 20
-
-
-def generated_asset_key(dataset: str) -> dg.AssetKey:
-    return dg.AssetKey(["generated", dataset])
-
-
-def partition_paths(dataset: str, shard: str) -> tuple[Path, Path]:
-    """The partition's journal and its Parquet output."""
-    return (
-        settings.journal_dir() / dataset / f"{shard}.journal",
-        settings.generated_dir() / dataset / f"{shard}.parquet",
-    )
-
-
-def allowed_providers_path(dataset: str, shard: str) -> Path:
-    """Beside the Parquet: the providers the policy allowed when this partition's responses were bought."""
-    return settings.generated_dir() / dataset / f"{shard}.providers.json"
-
-
-def record_allowed_providers(dataset: str, shard: str, names: list[str]) -> list[str]:
-    """Union over the runs that filled the partition: a response kept by an earlier run stays valid."""
-    path = allowed_providers_path(dataset, shard)
-    merged = sorted(set(names) | set(read_allowed_providers(dataset, shard)))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(path, (json.dumps(merged) + "\n").encode())
-    return merged
-
-
-def read_allowed_providers(dataset: str, shard: str) -> list[str]:
-    path = allowed_providers_path(dataset, shard)
-    try:
-        return list(json.loads(path.read_text()))
-    except FileNotFoundError:
-        return []
-
-
-def native_counts_path(dataset: str, shard: str) -> Path:
-    return settings.generated_dir() / dataset / f"{shard}.native.json"
-
-
-def read_native_counts(dataset: str, shard: str) -> dict[str, int]:
-    try:
-        return {k: int(v) for k, v in json.loads(native_counts_path(dataset, shard).read_text()).items()}
-    except FileNotFoundError:
-        return {}
 
 
 def fetch_native_counts(parquet: Path, dataset: str, shard: str, openrouter: OpenRouterResource) -> int:
@@ -91,7 +43,7 @@ def fetch_native_counts(parquet: Path, dataset: str, shard: str, openrouter: Ope
     picked = dict(sorted(wanted.items())[:room])
     if picked:
         have.update(native_completion_counts(openrouter, picked))
-        atomic_write_bytes(native_counts_path(dataset, shard), (json.dumps(have, sort_keys=True) + "\n").encode())
+        write_native_counts(dataset, shard, have)
     return len(have)
 
 
@@ -143,7 +95,7 @@ def run_generation(
     context: dg.AssetExecutionContext, spec: DatasetSpec, openrouter: OpenRouterResource, duckdb: DuckDBResource
 ) -> dg.MaterializeResult:
     shard = context.partition_key
-    inputs = partition_inputs(spec, shard, settings.forge_home() / "state" / "datasets", context.log.info)
+    inputs = partition_inputs(spec, shard, dataset_cache_dir(), context.log.info)
     problems = inputs.shard.problems
     context.log.info(
         f"{spec.name}/{shard}: {inputs.source.description}, format {inputs.format.describe()},"
@@ -179,8 +131,15 @@ def run_generation(
         raise fail(f"generation stopped: {report.stop_detail}", meta)
     if report.stop_reason == "failures":
         raise fail(f"{report.stop_detail} ({report.done} of {report.total} done)", meta)
-    if report.stop_reason not in ("completed", "tokens"):  # a stop nobody described must not pass as success
-        raise fail(f"generation stopped ({report.stop_reason}): {report.stop_detail}", meta, allow_retries=True)
+    if report.stop_reason not in ("completed", "tokens"):
+        # Every StopReason the runner gives is handled above: this one is new to this asset. It must not pass
+        # as success, and a retry would meet it again, so it is final like the others; the journal keeps what
+        # was bought, and a rerun once the reason is handled resumes from it.
+        raise fail(
+            f"generation stopped for a reason this asset does not handle ({report.stop_reason!r}):"
+            f" {report.stop_detail or 'no detail'} ({report.done} of {report.total} done)",
+            meta,
+        )
     meta["rows"] = dg.MetadataValue.int(rows := write_partition_parquet(journal, parquet))
     if rows == 0:
         raise fail(
@@ -205,7 +164,7 @@ def build_generated_asset(spec: DatasetSpec) -> dg.AssetsDefinition:
         deps=[PLAN_KEY],
         check_specs=check_specs(generated_asset_key(spec.name), GENERATED_CHECKS, blocking=False),
         kinds={"openrouter", "parquet"},
-        tags={"eagle-forge/stage": "generation", "eagle-forge/dataset": spec.name},
+        tags=stage_tags(GENERATION_GROUP, spec.name),
         op_tags=cpu_step_tags(),  # a pod on a CPU node under dagster-k8s (k8s_placement)
         description=f"{spec.name}: target-model responses for {spec.source_label}"
         f"{' (' + spec.description + ')' if spec.description else ''}, {spec.shard_size} prompts/shard.",

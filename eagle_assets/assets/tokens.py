@@ -1,46 +1,19 @@
 """Tokenized partitions: the exact token ids of every generated response, per dataset × shard."""
 
-from pathlib import Path
-
 import dagster as dg
 
 from eagle_assets import settings
-from eagle_assets.assets.checks import TOKENIZED_CHECKS, check_results, check_specs
+from eagle_assets.assets.checks import TOKENIZED_CHECKS, check_results, check_specs, length_metadata
 from eagle_assets.assets.failures import fail
-from eagle_assets.assets.generation import (
-    generated_asset_key,
-    partition_paths,
-    read_allowed_providers,
-    read_native_counts,
-)
 from eagle_assets.corpus.tokenize_partition import tokenize_generated
 from eagle_assets.corpus.tokenized_schema import write_tokenized
 from eagle_assets.corpus.validation import run_tokenized_checks
 from eagle_assets.datasets.config import DatasetSpec
-from eagle_assets.markdown import table
+from eagle_assets.generation.partition_sidecars import read_allowed_providers, read_native_counts
+from eagle_assets.keys import TOKENS_GROUP, generated_asset_key, stage_tags, tokenized_asset_key
+from eagle_assets.layout import generated_path, tokenized_path
 from eagle_assets.tokenization.kimi_tokenizer import load_kimi_tokenizer
 from resources.duckdb.resource import DuckDBResource
-
-TOKENS_GROUP = "tokens"
-
-
-def tokenized_asset_key(dataset: str) -> dg.AssetKey:
-    return dg.AssetKey(["tokenized", dataset])
-
-
-def tokenized_path(dataset: str, shard: str) -> Path:
-    return settings.forge_home() / "tokenized" / dataset / f"{shard}.parquet"
-
-
-def length_metadata(lengths: dict[str, float | int | str]) -> dict[str, dg.MetadataValue]:
-    """Sample lengths in tokens (they size the hidden-state store and the training batches)."""
-    order = ("min", "p50", "p90", "p99", "max", "mean")
-    distribution = table(order, [[f"{float(lengths[k]):.0f}" for k in order]])
-    return {
-        "length_distribution": dg.MetadataValue.md(distribution),
-        "length_p50": dg.MetadataValue.int(int(lengths["p50"])),
-        "length_max": dg.MetadataValue.int(int(lengths["max"])),
-    }
 
 
 def build_tokenized_asset(spec: DatasetSpec, partitions_def: dg.PartitionsDefinition | None) -> dg.AssetsDefinition:
@@ -51,12 +24,12 @@ def build_tokenized_asset(spec: DatasetSpec, partitions_def: dg.PartitionsDefini
         partitions_def=partitions_def,
         kinds={"parquet", "duckdb"},
         check_specs=check_specs(tokenized_asset_key(spec.name), TOKENIZED_CHECKS, blocking=True),
-        tags={"eagle-forge/stage": "tokens", "eagle-forge/dataset": spec.name},
+        tags=stage_tags(TOKENS_GROUP, spec.name),
         description=f"{spec.name}: exact Kimi token ids, loss masks and API token-count differences per shard.",
     )
     def _tokenized(context: dg.AssetExecutionContext, duckdb: DuckDBResource) -> dg.MaterializeResult:
         shard = context.partition_key
-        generated = partition_paths(spec.name, shard)[1]
+        generated = generated_path(spec.name, shard)
         if not generated.is_file():
             raise fail(
                 f"no generated data for {spec.name}/{shard} at {generated}: materialize the generation partition first"

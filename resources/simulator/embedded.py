@@ -6,7 +6,7 @@ detached, under a file lock so that concurrent steps do not race; the others fin
 Its pid goes to ``simulator.pid`` so that whoever started it (the demo) stops exactly that process.
 
 By default it answers with the tiny target's own greedy output (``--tiny-target-seed``: the child
-builds ``default_tiny_target_dir(seed)`` if missing, the same model the target resource uses), so
+builds ``layout.tiny_target_dir(seed)`` if missing, the same model the target resource uses), so
 the training data is what the target really generates. ``EAGLE_FORGE_SIM_GENERATOR=kimi-style``
 switches back to the templated text; ``EAGLE_FORGE_SIM_TINY_TARGET_SEED`` picks the seed (default 0).
 """
@@ -26,6 +26,7 @@ import psutil
 from eagle_assets import settings
 from eagle_assets.durable_files import atomic_write_bytes, directory_lock
 from eagle_assets.errors import OpenRouterError, Systemic
+from eagle_assets.layout import simulator_dir
 
 DEMO_FLAGS = [
     "--latency-lognormal",
@@ -74,13 +75,9 @@ class EmbeddedSimulatorError(OpenRouterError, Systemic, RuntimeError):
     """The spawned simulator exited or never answered; the message carries its last log lines."""
 
 
-def state_dir() -> Path:
-    return settings.forge_home() / "simulator"
-
-
 def pid_file() -> Path:
     """Who the embedded simulator is: pid, its start time and port, so only that process is ever stopped."""
-    return state_dir() / "simulator.pid"
+    return simulator_dir() / "simulator.pid"
 
 
 def _log_tail(log_path: Path, offset: int, lines: int = 12) -> str:
@@ -104,7 +101,7 @@ def _spawn_command(port: int, gen_flags: list[str]) -> list[str]:
         "--port",
         str(port),
         "--state-file",
-        str(state_dir() / "state.json"),
+        str(simulator_dir() / "state.json"),
         "--credits",
         os.environ.get("EAGLE_FORGE_SIM_CREDITS", "100"),
         "--tokenizer-dir",
@@ -128,7 +125,7 @@ def ensure_embedded_simulator(base_url: str, wait_s: float | None = None) -> int
     gen_flags = generator_flags()
     if wait_s is None:
         wait_s = 120.0 if gen_flags else 30.0  # importing torch and loading the model take a while
-    state = state_dir()
+    state = simulator_dir()
     with directory_lock(state, "spawn.lock"):
         if is_up(base_url):
             return None
