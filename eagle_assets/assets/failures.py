@@ -2,16 +2,19 @@
 
 Every asset that stops on purpose raises ``fail(...)``, and every asset that turns a project error
 (``eagle_assets.errors``) into a failure does so inside ``project_errors_fail()``, so that "is this
-retryable?" is decided by the error's class in one place instead of by an ``allow_retries=`` argument
-remembered (or forgotten) at each ``raise``.
+retryable?" is decided in one place instead of by an ``allow_retries=`` argument remembered (or
+forgotten) at each ``raise``: ``fail`` takes none, and every failure it makes is final.
 
 The rule: a project error is final for the run (``allow_retries=False``): a retry would meet the
 same refusal, and for generation it could spend money again before meeting it. ``Resumable`` errors
 (a lost lease) are let through untouched, so the run fails with their own class, as it always did, and
 a rerun continues where it stopped. A budget stop is not an exception but a report; its asset raises
-``fail(...)`` with the resumable wording and its metadata, as final as the others. Errors that are
-not the project's are not touched either: they are bugs or the environment, and Dagster shows them as
-they are.
+``fail(...)`` with the resumable wording and its metadata, as final as the others. So are the refusals an
+asset decides itself (no eval split, no exported draft, a generation stop it does not know): each would
+meet a retry the same way. A failure that a retry could turn another way without spending money twice
+would need its own class here, not a flag at the ``raise``; none does today. Errors that are not the
+project's are not touched either: they are bugs or the environment, and Dagster shows them as they are
+(and a RetryPolicy may retry them).
 """
 
 from collections.abc import Iterator, Mapping
@@ -23,9 +26,9 @@ import dagster as dg
 from eagle_assets.errors import EagleForgeError, Resumable
 
 
-def fail(description: str, metadata: Mapping[str, Any] | None = None, *, allow_retries: bool = False) -> dg.Failure:
-    """The failure an asset raises; final unless the caller says a retry could go another way."""
-    return dg.Failure(description=description, metadata=metadata, allow_retries=allow_retries)
+def fail(description: str, metadata: Mapping[str, Any] | None = None) -> dg.Failure:
+    """The failure an asset raises: final, so that no RetryPolicy repeats a refusal (or a purchase)."""
+    return dg.Failure(description=description, metadata=metadata, allow_retries=False)
 
 
 def failure_for(exc: EagleForgeError, prefix: str = "") -> dg.Failure:

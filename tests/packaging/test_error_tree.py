@@ -185,11 +185,12 @@ def test_lost_leases_stay_what_every_except_caught_before():
     assert not issubclass(PlanRefusal, Resumable)
 
 
-def test_fail_is_final_unless_told_and_keeps_its_metadata():
+def test_fail_is_final_and_keeps_its_metadata():
     failure = fail("budget exhausted — 3 of 60 prompts done, resumable", {"prompts_done": 3})
     assert failure.allow_retries is False and failure.description.startswith("budget exhausted")
     assert failure.metadata["prompts_done"].value == 3
-    assert fail("try again later", allow_retries=True).allow_retries is True
+    with pytest.raises(TypeError):  # no flag to forget: a retryable failure would need its own class
+        fail("try again later", allow_retries=True)
 
 
 def test_assets_build_their_failures_in_one_place():
