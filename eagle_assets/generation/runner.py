@@ -530,10 +530,12 @@ class PartitionRunner:
                     continue
                 limit = self._limit_now()
                 # Two to four chunks ready ahead of the workers, so a burst of answers does not find the
-                # queue empty; none at the wall, where every reservation counts.
-                ahead = 0 if self._at_wall else 4 * self.s.reserve_chunk
+                # queue empty; none at the wall, where every reservation counts; and never more than the
+                # workers' own share, since what is reserved and unsent holds budget another process (a
+                # host with the other half of the in-flight cap) could be spending.
+                ahead = 0 if self._at_wall else min(4 * self.s.reserve_chunk, limit)
                 room = limit + ahead - self._busy - len(self._ready)
-                if room < (1 if self._at_wall else min(self.s.reserve_chunk, len(queue))):
+                if room < (1 if self._at_wall else min(self.s.reserve_chunk, len(queue), max(1, ahead))):
                     self._staff()
                     ramping = limit < self._slot_limit
                     await self._wait_wake(0.01 if ramping else (0.25 if self._at_wall else None))

@@ -351,3 +351,17 @@ def test_token_shortfall_is_a_share_of_the_target():
         AdmissionPolicy(token_shortfall=1.0)
     with pytest.raises(ValueError, match="token_shortfall"):
         AdmissionPolicy(token_shortfall=-0.1)
+
+
+def test_reservations_ahead_of_the_workers_never_pass_their_share(tmp_path):
+    """Prompts reserved and not yet sent hold budget another host could be spending: with a share of 16 slots,
+    a run holds 16 running, up to 16 ready and the answers awaiting their commit, not four chunks (256) ahead."""
+    cfg = sim_config(latency=LatencyConfig.fixed(0.05), mean_completion_tokens=30)
+    recorded = Recorded()
+    with run_simulator_in_thread(cfg) as sim:
+        report = run_partition(
+            sim.base_url, tmp_path, make_prompts(400), max_in_flight=16, max_tokens=64, ledger_factory=recorded
+        )
+    assert report.stop_reason == "completed", report.summary()
+    assert recorded.ledger is not None
+    assert 16 <= recorded.ledger.peak_open <= 64  # 280 when four chunks were reserved ahead of any share
