@@ -485,6 +485,33 @@ class PartitionRunner:
         short = math.ceil(policy.token_shortfall * self.job.token_budget / expected)
         return max(worth, min(self.s.max_in_flight, short))
 
+    async def _admit_while_idle(self, queue: deque[Prompt], chunk: list[Prompt], size: int) -> bool:
+        """A refusal while nothing of this run is open: ``chunk`` (back at the head of ``queue``) is asked for
+        again once this run's settlements are in, since what fits then is all there is for it. False when
+        admission stops; True when something was reserved, or when other runs hold the headroom (wait)."""
+        await self._commit_q.join()
+        granted, denial = self._reserve(chunk[:size], min(self._tail_min(), size))
+        if granted:
+            for _ in granted:
+                queue.popleft()
+            self._ready.extend(zip(chunk, granted, strict=False))
+            self._staff()
+            return True
+        assert denial is not None
+        if self._others_hold_headroom():
+            # Another process's requests hold the headroom: they settle (or their owner's lease lapses and
+            # recovery charges them), and then it is known what fits.
+            if not self._told_waiting:
+                self._told_waiting = True
+                self.emit(
+                    f"{self.job.key}: waiting — {denial.detail}; the open requests belong to other runs, and"
+                    " what fits is known once they settle"
+                )
+            await asyncio.sleep(max(self.s.commit_interval_s, 0.25))
+            return True
+        self._stop_for(denial)
+        return False
+
     def _others_hold_headroom(self) -> bool:
         """Whether requests of other processes (other partitions, other hosts) hold part of the budget now.
 
@@ -563,28 +590,8 @@ class PartitionRunner:
                 if granted:
                     continue
                 if self._busy == 0 and not self._ready:
-                    # Nothing of ours runs: once its settlements are in, what fits now is all there is.
-                    await self._commit_q.join()
-                    granted, denial = self._reserve(chunk[:size], min(self._tail_min(), size))
-                    if not granted:
-                        assert denial is not None
-                        if self._others_hold_headroom():
-                            # Another process's requests hold the headroom: they settle (or their owner's
-                            # lease lapses and recovery charges them), and then it is known what fits.
-                            if not self._told_waiting:
-                                self._told_waiting = True
-                                self.emit(
-                                    f"{self.job.key}: waiting — {denial.detail}; the open requests belong"
-                                    " to other runs, and what fits is known once they settle"
-                                )
-                            await asyncio.sleep(max(self.s.commit_interval_s, 0.25))
-                            continue
-                        self._stop_for(denial)
+                    if not await self._admit_while_idle(queue, chunk, size):
                         break
-                    for _ in granted:
-                        queue.popleft()
-                    self._ready.extend(zip(chunk, granted, strict=False))
-                    self._staff()
                     continue
                 # Headroom is held by requests still running, here or in other processes: look again when
                 # settlements come in (at most once per commit interval), or after a while for the others.
