@@ -68,7 +68,7 @@ The last round
 --------------
 A token target is met to within 1% only in rounds: while the second round runs, the bound above keeps
 ``n·μ̂ + deviation`` under the target, and the deviation (mostly the error of ``μ̂`` itself, ``n²/m``)
-leaves ~5% of the target for a third round, whatever the first round was. When a dataset runs alone
+leaves 5–8% of the target for a third round, whatever the first round was. When a dataset runs alone
 that round costs a whole round trip of its slowest answer (the benchmark's fixed latency: a third
 more wall time for the last ~5% of tokens); when other datasets share the in-flight cap, it costs
 nothing. ``token_shortfall`` lets a run end instead once what is left, in expectation, is less than
