@@ -42,8 +42,9 @@ MAX_TOKENS, PRICE, PROMPT_USD = 1638, 2.8e-6, 5e-5
 
 
 def _request(dataset: str, i: int) -> ReservationRequest:
-    return ReservationRequest(dataset, f"{dataset}/0000", f"p{i}", PROMPT_USD + MAX_TOKENS * PRICE, MAX_TOKENS,
-                              PROMPT_USD, PRICE)
+    return ReservationRequest(
+        dataset, f"{dataset}/0000", f"p{i}", PROMPT_USD + MAX_TOKENS * PRICE, MAX_TOKENS, PROMPT_USD, PRICE
+    )
 
 
 def ledger_loop(location: str, dataset: str, open_target: int, seconds: float, out: Any) -> None:
@@ -127,9 +128,23 @@ def run_engine(location: str | None, n: int, concurrency: int, latency: float, p
             env["EAGLE_FORGE_DATABASE_URL"] = location
         server0 = postgres_cpu(pg)
         out = subprocess.run(
-            [sys.executable, str(REPO / "benchmarks" / "bench_transport.py"), "--worker", "engine", "--url", url,
-             "--n", str(n), "--concurrency", str(concurrency)],
-            capture_output=True, text=True, cwd=REPO, env=env, check=False,
+            [
+                sys.executable,
+                str(REPO / "benchmarks" / "bench_transport.py"),
+                "--worker",
+                "engine",
+                "--url",
+                url,
+                "--n",
+                str(n),
+                "--concurrency",
+                str(concurrency),
+            ],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            env=env,
+            check=False,
         )
         if out.returncode != 0:
             raise RuntimeError(f"engine worker failed:\n{out.stderr[-3000:]}")

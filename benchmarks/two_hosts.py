@@ -312,8 +312,11 @@ def _run_two_hosts(cfg: TwoHostConfig, work: Path, pg: LocalPostgres, log: Calla
         target = int(cfg.kill_at * cfg.prompts * len(b_sets))
         while journaled(cl.home, b_sets) < target:
             if host_b.poll() is not None:
-                why = [ln for ln in (work / "host-host-b.log").read_text(errors="replace").splitlines()
-                       if "budget exhausted" in ln or "stopped:" in ln][:2]
+                why = [
+                    ln
+                    for ln in (work / "host-host-b.log").read_text(errors="replace").splitlines()
+                    if "budget exhausted" in ln or "stopped:" in ln
+                ][:2]
                 raise RuntimeError(f"host-b ended (rc {host_b.returncode}) before the kill point: {why}")
             if time.monotonic() - start > cfg.time_limit_s:
                 raise TimeoutError("two-hosts run exceeded its time limit")
@@ -403,8 +406,10 @@ def _run_two_hosts(cfg: TwoHostConfig, work: Path, pg: LocalPostgres, log: Calla
         "spent_usd": spent,
         "open_at_end": open_end,
         "billed_usd": float(final["billed_usd"]),
-        "budget_stops": {h: "budget exhausted — " in (work / f"host-{h}.log").read_text(errors="replace")
-                         for h in ("host-a", "host-c")},
+        "budget_stops": {
+            h: "budget exhausted — " in (work / f"host-{h}.log").read_text(errors="replace")
+            for h in ("host-a", "host-c")
+        },
         "wall_s": time.monotonic() - start,
     }
 

@@ -135,8 +135,9 @@ class Journal:
                         f"{path}: the file system refuses flock ({exc.strerror}); with no database fence nothing"
                         " keeps a second writer out. Use a PostgreSQL ledger (EAGLE_FORGE_DATABASE_URL)."
                     ) from exc
-                log.warning("journal %s: no flock on this file system (%s); the database fence alone holds",
-                            path, exc.strerror)
+                log.warning(
+                    "journal %s: no flock on this file system (%s); the database fence alone holds", path, exc.strerror
+                )
         result = scan(path)
         if result.dropped_bytes:
             log.warning(

@@ -63,7 +63,8 @@ from eagle_assets.generation.ledger_db import Cursor, LedgerDatabase, open_datab
 from eagle_assets.generation.liveness import Heartbeat, OwnerRecord, host_id, lease_seconds, why_dead
 from eagle_assets.generation.partition_fence import FENCE_SCHEMA, PartitionFence
 
-SCHEMA = """
+SCHEMA = (
+    """
 CREATE TABLE IF NOT EXISTS owners (
   owner TEXT PRIMARY KEY, pid INTEGER NOT NULL, create_time REAL NOT NULL, started REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS reservations (
@@ -93,7 +94,9 @@ CREATE INDEX IF NOT EXISTS reservations_owner ON reservations(owner);
 CREATE INDEX IF NOT EXISTS uncertain_due ON uncertain(next_lookup);
 CREATE INDEX IF NOT EXISTS spend_partition ON spend(partition, kind);
 CREATE INDEX IF NOT EXISTS answers_seq ON answers(dataset, seq);
-""" + FENCE_SCHEMA
+"""
+    + FENCE_SCHEMA
+)
 # Created once the columns they index exist (older ledgers gain those columns first).
 INDEXES = "CREATE INDEX IF NOT EXISTS reservations_seq ON reservations(dataset, seq)"
 # Columns added to reservations after the first release; rows of an older ledger read as hard

@@ -198,6 +198,8 @@ def _split_insert(sql: str) -> tuple[str | None, str]:
     """``INSERT INTO t (…) VALUES (?,?)`` → (``INSERT INTO t (…) VALUES ``, ``(?,?)``); anything else → (None, '')."""
     m = _INSERT_VALUES.match(sql)
     return (m.group(1), m.group(2)) if m else (None, "")
+
+
 _PG_TYPES = ((re.compile(r"\bINTEGER\b"), "BIGINT"), (re.compile(r"\bREAL\b"), "DOUBLE PRECISION"))
 
 
@@ -262,7 +264,6 @@ class _PgCursor:
 
     def __iter__(self) -> Iterator[Any]:
         return iter(self.fetchall())
-
 
 
 class PostgresLedgerDatabase(LedgerDatabase):

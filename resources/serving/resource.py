@@ -29,9 +29,7 @@ BACKENDS = ("inprocess", "sglang", "vllm")
 class ServingEngineResource(dg.ConfigurableResource):
     """The serving engine the draft is benchmarked through (or the in-process loop)."""
 
-    backend: Backend = Field(
-        default="inprocess", description="inprocess | sglang | vllm"
-    )
+    backend: Backend = Field(default="inprocess", description="inprocess | sglang | vllm")
     url: str = Field(
         default="", description="attach to this running server (with the draft); empty: start one per pass"
     )

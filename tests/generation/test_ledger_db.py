@@ -33,8 +33,9 @@ def test_money_and_moments_keep_their_width(ledger_at):
     """Nano-dollars past 2³¹ and fourth powers of token counts: PostgreSQL's INTEGER and REAL would not hold them."""
     db = open_database(ledger_at("l"))
     try:
-        db.create_schema("CREATE TABLE IF NOT EXISTS m (k TEXT PRIMARY KEY, usd INTEGER NOT NULL, s4 REAL NOT NULL)",
-                         {})
+        db.create_schema(
+            "CREATE TABLE IF NOT EXISTS m (k TEXT PRIMARY KEY, usd INTEGER NOT NULL, s4 REAL NOT NULL)", {}
+        )
         with db.tx() as cur:
             cur.execute("INSERT INTO m (k, usd, s4) VALUES (?,?,?)", ("x", 100 * 10**9, 16384.0**4 + 0.5))
         with db.read() as cur:
