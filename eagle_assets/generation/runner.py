@@ -108,6 +108,9 @@ class GenerationSettings:
     breaker_threshold: int = 8
     probe_window_s: float = 1.0
     reask_skipped: bool = False
+    # Refused while only other runs' requests are open, a run waits for them; this long without a change in
+    # what they hold (a live host whose requests hang), it stops as the budget would.
+    others_stall_s: float = 1800.0
 
     def __post_init__(self) -> None:
         if self.budget_usd < 0:
@@ -122,6 +125,8 @@ class GenerationSettings:
             raise ValueError("tail_fraction must be in [0, 1)")
         if self.breaker_threshold < 0 or self.probe_window_s < 0:
             raise ValueError("breaker_threshold and probe_window_s must be >= 0")
+        if self.others_stall_s <= 0:
+            raise ValueError("others_stall_s must be positive")
 
 
 @dataclass
@@ -241,6 +246,7 @@ class PartitionRunner:
         self._ramp_start = 0.0
         self._at_wall = False  # a budget has refused: reserve only in batches of _tail_min()
         self._told_waiting = False  # said once that other runs' open requests hold the headroom
+        self._others_held: tuple[float, float] | None = None  # what other runs held, and since when
         self._wall_reason = ""
         self._wake = asyncio.Event()  # the dispatcher: ready is running low, budget freed, or the share changed
         self._requests: dict[str, ReservationRequest] = {}
@@ -498,29 +504,29 @@ class PartitionRunner:
             self._staff()
             return True
         assert denial is not None
-        if self._others_hold_headroom():
-            # Another process's requests hold the headroom: they settle (or their owner's lease lapses and
-            # recovery charges them), and then it is known what fits.
-            if not self._told_waiting:
-                self._told_waiting = True
-                self.emit(
-                    f"{self.job.key}: waiting — {denial.detail}; the open requests belong to other runs, and"
-                    " what fits is known once they settle"
-                )
-            await asyncio.sleep(max(self.s.commit_interval_s, 0.25))
-            return True
-        self._stop_for(denial)
-        return False
-
-    def _others_hold_headroom(self) -> bool:
-        """Whether requests of other processes (other partitions, other hosts) hold part of the budget now.
-
-        Called only while nothing of this run is open, so whatever the ledger holds is theirs. A refusal
-        then says nothing final: stopping would end a partition with 0 done whenever another host
-        reserved first. Waiting ends: their requests settle, or their owner's lease lapses and recovery
-        turns what it held into spend.
-        """
-        return self.ledger.open_held_usd() > 1e-12
+        held = self.ledger.open_held_usd()  # nothing of this run is open: all of it is other runs'
+        if held <= 1e-12:
+            self._stop_for(denial)
+            return False
+        # Another process's requests hold the headroom (other partitions, other hosts): stopping would end
+        # this partition with 0 done whenever another host reserved first. They settle, or their owner's
+        # lease lapses and recovery charges them, and then it is known what fits. A live owner whose
+        # requests do not move for ``others_stall_s`` is not waited for any longer.
+        now = time.monotonic()
+        if self._others_held is None or abs(held - self._others_held[0]) > 1e-12:
+            self._others_held = (held, now)
+        elif now - self._others_held[1] > self.s.others_stall_s:
+            stalled = f"; the ${held:.4f} other runs hold has not moved for {self.s.others_stall_s:g} s"
+            self._stop_for(Denial(denial.reason, denial.detail + stalled, denial.fit))
+            return False
+        if not self._told_waiting:
+            self._told_waiting = True
+            self.emit(
+                f"{self.job.key}: waiting — {denial.detail}; the open requests belong to other runs, and what fits"
+                " is known once they settle"
+            )
+        await asyncio.sleep(max(self.s.commit_interval_s, 0.25))
+        return True
 
     def _another_batch_fits(self, prompt: Prompt, denial: Denial, tail: int) -> bool:
         """Once everything in flight has settled at its expected cost, will a batch of ``tail`` still fit?

@@ -353,3 +353,22 @@ def test_a_run_waits_while_another_process_holds_the_budget_instead_of_stopping_
         other.close()
     assert_unique_complete(harness, prompts, report)
     assert any("waiting" in line and "other runs" in line for line in report.log_lines)
+
+
+def test_a_run_stops_when_other_runs_requests_hold_the_budget_and_never_move(harness):
+    """A live host whose requests hang keeps its reservations: the waiting run stops, as the budget would, and
+    says so, after ``others_stall_s`` without a change in what they hold."""
+    budget = 0.5
+    other = BudgetLedger(harness.ledger_path, owner="hung-host")
+    try:
+        held, _ = other.reserve_many(
+            [("T2", "T2/0000", f"x{i}", budget / 4, 256) for i in range(4)], budget_usd=budget, token_budget=None
+        )
+        assert len(held) == 4
+        started = time.monotonic()
+        report = harness.run(make_prompts(10), budget=budget, max_tokens=64, others_stall_s=1.0)
+        assert time.monotonic() - started < 30
+    finally:
+        other.close()
+    assert report.stop_reason == "budget" and report.done == 0
+    assert "other runs hold has not moved for 1 s" in report.stop_detail
