@@ -105,6 +105,12 @@ class OpenRouterResource(ConfigurableResource):
         description="A dataset may end this share of its token target short rather than start one more round of"
         " requests for the rest (a round trip of the slowest answer when it runs alone); 0: reach the target",
     )
+    others_stall_s: float = Field(
+        default=1800.0,
+        gt=0,
+        description="Refused while only other runs' requests hold the budget, a run waits for them to settle; this"
+        " long without a change in what they hold (a live host whose requests hang), it stops as the budget would",
+    )
     budget_tail_fraction: float = Field(
         default=0.1,
         ge=0.0,

@@ -21,6 +21,16 @@ def test_preflight_returns_the_settings_it_checked():
     assert settings.admission.hard and settings.sampling == res.sampling() == {"top_p": 0.9}
 
 
+def test_the_waiting_and_shortfall_fields_reach_the_engine(monkeypatch):
+    res = OpenRouterResource(others_stall_s=5.0, token_shortfall=0.05)
+    settings = generation_settings(res)
+    assert settings.others_stall_s == 5.0 and settings.admission.token_shortfall == 0.05
+    monkeypatch.setenv("EAGLE_FORGE_TOKEN_SHORTFALL", "0.03")
+    from resources.openrouter.configured import openrouter_from_env
+
+    assert generation_settings(openrouter_from_env()).admission.token_shortfall == 0.03
+
+
 def test_the_ledger_opens_where_the_resource_says_and_is_closed_after(tmp_path, monkeypatch):
     monkeypatch.delenv("EAGLE_FORGE_DATABASE_URL", raising=False)
     res = OpenRouterResource(ledger_path=str(tmp_path / "ledger.sqlite"), budget_mode="hard")
