@@ -245,8 +245,7 @@ class PartitionRunner:
         self._slot_limit = settings.max_in_flight  # this process's share of the account's in-flight cap
         self._ramp_start = 0.0
         self._at_wall = False  # a budget has refused: reserve only in batches of _tail_min()
-        self._told_waiting = False  # said once that other runs' open requests hold the headroom
-        self._others_held: tuple[float, float] | None = None  # what other runs held, and since when
+        self._others_held: tuple[float, float] | None = None  # what other runs held, since when (None: no wait yet)
         self._wall_reason = ""
         self._wake = asyncio.Event()  # the dispatcher: ready is running low, budget freed, or the share changed
         self._requests: dict[str, ReservationRequest] = {}
@@ -513,14 +512,14 @@ class PartitionRunner:
         # lease lapses and recovery charges them, and then it is known what fits. A live owner whose
         # requests do not move for ``others_stall_s`` is not waited for any longer.
         now = time.monotonic()
+        first_wait = self._others_held is None
         if self._others_held is None or abs(held - self._others_held[0]) > 1e-12:
             self._others_held = (held, now)
         elif now - self._others_held[1] > self.s.others_stall_s:
             stalled = f"; the ${held:.4f} other runs hold has not moved for {self.s.others_stall_s:g} s"
             self._stop_for(Denial(denial.reason, denial.detail + stalled, denial.fit))
             return False
-        if not self._told_waiting:
-            self._told_waiting = True
+        if first_wait:
             self.emit(
                 f"{self.job.key}: waiting — {denial.detail}; the open requests belong to other runs, and what fits"
                 " is known once they settle"
