@@ -259,6 +259,19 @@ def run_two_hosts(cfg: TwoHostConfig, work: Path, log=print) -> dict[str, Any]:
         shutil.rmtree(pg_dir, ignore_errors=True)
 
 
+_INIT_INSTANCE = """
+import dagster
+from eagle_assets.instance import configure_pools
+from eagle_assets.keys import GENERATION_POOL, GPU_POOL
+instance = dagster.DagsterInstance.get()
+configure_pools(instance)  # the pools with a limit of the project's (GPU_POOL)
+storage = instance.event_log_storage
+for pool in {GENERATION_POOL, GPU_POOL} - set(storage.get_concurrency_keys()):
+    storage.initialize_concurrency_limit_to_default(pool)
+instance.dispose()
+"""
+
+
 def _run_two_hosts(cfg: TwoHostConfig, work: Path, pg: LocalPostgres, log: Callable[[str], None]) -> dict[str, Any]:
     start = time.monotonic()
     say = log
@@ -290,9 +303,11 @@ def _run_two_hosts(cfg: TwoHostConfig, work: Path, pg: LocalPostgres, log: Calla
         # phase-1 budget is a share of everything, so it binds before the prompts run out.
         per_answer = cfg.mean_tokens * 2.0e-6 + 20 * 0.45e-6  # the cheapest allowed endpoint's prices
         cl.budget = cfg.budget_share * per_answer * cfg.prompts * len(names)
-        # Create the instance's tables once: several processes migrating one fresh database at once fail.
+        # Create the instance's tables and the pools' rows once: several processes migrating one fresh database,
+        # or claiming a pool for the first time (Dagster inserts its default limit row), at once fail inside
+        # Dagster with a unique violation (seen in CI: concurrency_limits_concurrency_key_key).
         subprocess.run(
-            [sys.executable, "-c", "import dagster; dagster.DagsterInstance.get().dispose()"],
+            [sys.executable, "-c", _INIT_INSTANCE],
             env=cl.env("init"),
             cwd=REPO,
             check=True,
