@@ -18,8 +18,12 @@ Recorded per store shard (``fidelity.ShardCalibration``), at up to ``config.posi
 - how far apart the true aux layers and the last state are, position by position (``distinct``), so a repeated
   layer, whose distance is 0, is measured against the target's own separation.
 
-Only the HF backend has the target in this process; a store extracted through SGLang has no calibration yet
-and its checks fail saying so (README: what is not done).
+- ``logprob_noise``: how far half an ulp of the store's precision moves the actual tokens' log-probabilities,
+  position by position: the noise floor a correct store's deviation from the target is measured against.
+
+This is the HF backend's calibration (the target in this process). A store extracted through SGLang is calibrated
+through the engine instead (``calibration_sglang.py``): the same next-token figures from the engine's input
+log-probabilities, but no per-layer signatures.
 """
 
 from __future__ import annotations
@@ -38,10 +42,12 @@ from eagle_assets.hidden_states.fidelity import (
     NextTokenFigures,
     ShardCalibration,
     head_predictions,
+    logprob_noise,
     mean_norm,
     mean_relative_difference,
     pick_calibration_samples,
     pick_positions,
+    precision_eps,
     projection,
     signature,
     slot_names,
@@ -140,6 +146,8 @@ def calibrate_shard(
 
     # The best a correct store can do: the true last state, rounded to the store dtype, through the same head.
     top1_rounded, _ = head_predictions(logits_of, stacked[LAST].to(store_dtype), ids, device=weight.device)
+    eps = precision_eps(store_dtype, next(model.parameters()).dtype)
+    noise = logprob_noise(logits_of, stacked[LAST], ids, eps, config.seed, device=weight.device)
     proj = projection(stacked[LAST].shape[1], config.signature_dims, config.seed)
     sig_rows = slice(0, config.signature_positions)
     slots = slot_names(layers.n_aux)
@@ -164,6 +172,8 @@ def calibrate_shard(
         norms={name: mean_norm(r) for name, r in stacked.items()},
         signatures={name: signature(r[sig_rows], proj).tolist() for name, r in stacked.items()},
         distinct=distinct,
+        logprob_noise=noise,
+        source="hf",
     )
 
 

@@ -125,6 +125,45 @@ def clustered_mean(values: Sequence[float] | np.ndarray, groups: Sequence[int]) 
     return mean, max(iid, cluster)
 
 
+def proportion_se(p: float, n: int) -> float:
+    """Standard error of a share ``p`` of ``n`` positions, never below that of one position in ``n`` going the other
+    way: a share measured at exactly 1.0 (the tiny target on its own answers) still allows for one flip."""
+    if n < 1:
+        return float("nan")
+    floor = (1.0 / n) * (1.0 - 1.0 / n)
+    return math.sqrt(max(p * (1.0 - p), floor) / n)
+
+
+def precision_eps(*dtypes: torch.dtype) -> float:
+    """Machine epsilon of the coarsest of ``dtypes``: a store is no more precise than its dtype, nor than the
+    dtype the target computed its states in (a bf16 GPU forward stored as float32 still carries bf16 noise)."""
+    return max(float(torch.finfo(d).eps) for d in dtypes)
+
+
+@torch.no_grad()
+def logprob_noise(
+    head: Callable[[torch.Tensor], torch.Tensor],
+    last: torch.Tensor,
+    next_ids: torch.Tensor,
+    eps: float,
+    seed: int,
+    *,
+    device: torch.device | str = "cpu",
+) -> float:
+    """Mean |change| of the actual next tokens' log-probabilities when every element of the true last state is
+    moved by up to half an ulp (relative ``eps / 2``, uniform, seeded): the per-position deviation one rounding to
+    the store's precision causes, i.e. the noise floor a correct store sits at. A perturbation rather than a
+    rounding, so it is not zero when the state was computed in the store dtype already."""
+    if last.shape[0] == 0:
+        return float("nan")
+    gen = torch.Generator().manual_seed(seed)
+    x = last.to(torch.float32)
+    noise = (torch.rand(x.shape, generator=gen, dtype=torch.float32) * 2.0 - 1.0) * (eps / 2.0)
+    _, base = head_predictions(head, x, next_ids, device=device)
+    _, moved = head_predictions(head, x * (1.0 + noise), next_ids, device=device)
+    return float((moved.double() - base.double()).abs().mean())
+
+
 @dataclass(frozen=True)
 class NextTokenFigures:
     """Top-1 agreement with the actual next tokens and their mean log-probability, with standard errors."""
@@ -204,6 +243,14 @@ class ShardCalibration:
     norms: dict[str, float]  # mean norm at the positions: every HF index "0".."N-1" and "last"
     signatures: dict[str, list[list[float]]]  # same keys: [signature_positions][signature_dims]
     distinct: dict[str, float]  # "low~mid", ..., "high~last": mean relative difference of the true layers
+    logprob_noise: float | None = None  # mean |Δ log-prob| half an ulp of the store precision causes (noise floor)
+    source: str = "hf"  # "hf": the model run in full in-process; "sglang": the engine's input log-probabilities
+
+    @property
+    def has_layer_references(self) -> bool:
+        """Whether every aux layer the store should hold has a signature to be identified by (an engine
+        calibration has the last state's only)."""
+        return all(str(j) in self.signatures for j in self.hf_indices)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

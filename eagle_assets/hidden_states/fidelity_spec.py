@@ -16,8 +16,8 @@ CHECKS: dict[str, str] = {
     "exactly the response; no truncated shard file",
     AUX_LAYERS: "aux [T, 3H] and last [T, H], finite; each stored layer is the one it claims (signatures against the "
     "target run in full), the layers differ from each other and from the last state; norms recorded",
-    NEXT_TOKEN: "the stored last state through the target's head predicts the next response token as well as the "
-    "target run in full (top-1 agreement, top-1 consistency, mean log-probability)",
+    NEXT_TOKEN: "the stored last state through the target's head predicts the next response token as the target run "
+    "in full does (top-1 agreement, top-1 consistency, mean log-probability, per-position log-probability deviation)",
 }
 
 
@@ -32,6 +32,12 @@ class FidelityConfig:
     signature_dims: int = 16
     full_scan_bytes: int = 1 << 30  # shards up to this size are scanned whole for NaN/inf, larger ones sampled
     seed: int = 0
+    # A correct store's log-probs may differ from the target's, position by position, by this many times what
+    # one rounding of the true last state to the store's precision moves them (the calibration's noise floor).
+    deviation_factor: float = 4.0
+    # An engine calibration (SGLang) has no per-layer reference: True accepts aux layers checked for shape,
+    # finiteness and repetition only, and says so in the check's summary and metadata; False fails them.
+    allow_unreferenced_aux: bool = False
 
     def __post_init__(self) -> None:
         if not 0.0 < self.fraction < 1.0:
@@ -40,6 +46,10 @@ class FidelityConfig:
             raise ValueError("positions, calibration_samples and signature_positions must be positive")
         if self.signature_dims < 1:
             raise ValueError("signature_dims must be positive")
+        if not self.deviation_factor >= 1.0:
+            raise ValueError(
+                f"deviation_factor must be >= 1 (a multiple of the noise floor), got {self.deviation_factor}"
+            )
 
     @property
     def logprob_margin(self) -> float:

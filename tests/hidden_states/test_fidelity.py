@@ -219,3 +219,149 @@ def test_a_pre_norm_store_is_checked_through_the_final_norm(tmp_path, tiny_model
     for o in outcomes:
         assert o.passed, o.summary
     assert {o.name: o for o in outcomes}[NEXT_TOKEN].metadata["agreement"] > 0.9
+
+
+class LastFrom:
+    """The last state taken from the wrong place: ``pick(features, sample)`` gives what is stored as "last"."""
+
+    def __init__(self, inner, pick):
+        self.inner, self.pick = inner, pick
+
+    def __call__(self, batch):
+        return [{**f, "last": self.pick(f, s)} for f, s in zip(self.inner(batch), batch, strict=True)]
+
+
+def layer_input(model, j: int):
+    """HF hidden_states[j] of a sample: the input of decoder layer j (j = N-1: one layer short of the end)."""
+
+    @torch.inference_mode()
+    def pick(_features, sample):
+        out = model(torch.tensor([list(sample.input_ids)]), output_hidden_states=True)
+        return out.hidden_states[j][0].to(STORE_DTYPE)
+
+    return pick
+
+
+def test_a_last_state_one_layer_short_fails_the_next_token_check(tmp_path, tiny_model, corpus, calibration, head):
+    # "capturing layer 60 instead of the true final state": the input of the last decoder layer, stored as last.
+    # It keeps 98% of the top-1s and the mean log-prob; each position's log-prob moves ~20x the noise floor.
+    short = LastFrom(HFFeatureExtractor(tiny_model, LAYERS, out_dtype=STORE_DTYPE), layer_input(tiny_model, 6))
+    result = checks(write_store(tmp_path / "n1", corpus, short, calibration), corpus, head)
+    assert_fails(result[NEXT_TOKEN], "log-prob deviation from the target, mean over positions,", "what half an ulp")
+    assert result[NEXT_TOKEN].metadata["logprob_deviation"] > 4 * result[NEXT_TOKEN].metadata["logprob_noise"]
+
+
+def test_the_high_aux_layer_stored_as_last_fails_the_next_token_check(tmp_path, tiny_model, corpus, calibration, head):
+    high = LastFrom(HFFeatureExtractor(tiny_model, LAYERS, out_dtype=STORE_DTYPE), lambda f, _s: f["aux"][:, 128:])
+    result = checks(write_store(tmp_path / "hi", corpus, high, calibration), corpus, head)
+    # agreement 0.91 with n = 44 positions: below 1 - 3 standard errors of 44 positions
+    assert_fails(result[NEXT_TOKEN], "top-1 agreement 0.9091 <", "3 standard errors of 44 positions")
+    assert "top-1 consistency with the target 0.9091 <" in result[NEXT_TOKEN].summary
+    assert "log-prob deviation from the target" in result[NEXT_TOKEN].summary
+
+
+def test_a_pre_norm_state_labelled_post_norm_fails_the_next_token_check(
+    tmp_path, tiny_model, corpus, calibration, head
+):
+    # the tiny target's final norm has unit weights: the argmax survives, the log-probs do not
+    pre = HFFeatureExtractor(tiny_model, LAYERS, out_dtype=STORE_DTYPE, last_kind="pre_norm")
+    result = checks(write_store(tmp_path / "pre", corpus, pre, calibration), corpus, head)
+    assert result[NEXT_TOKEN].metadata["agreement"] == 1.0
+    assert_fails(result[NEXT_TOKEN], "log-prob deviation from the target, mean over positions,")
+
+
+def test_a_correct_store_batched_otherwise_passes_with_room(tmp_path, tiny_model, corpus, calibration, head):
+    """Thresholds come from the calibration sample, not from this store: one sample per batch (no padding) passes
+    with the deviation well inside its bound."""
+    store = tmp_path / "b1"
+    meta = StoreMeta(model_id=tiny_model_id(0), hidden_size=64, layers=LAYERS, dtype=STORE_DTYPE)
+    extractor = HFFeatureExtractor(tiny_model, LAYERS, out_dtype=STORE_DTYPE)
+    run_extraction({corpus.key: corpus.samples}, store, meta, extractor, max_tokens_per_batch=1)
+    write_calibration(store, calibration)
+    result = checks(store, corpus, head)
+    for outcome in result.values():
+        assert outcome.passed, outcome.summary
+    nt = result[NEXT_TOKEN].metadata
+    assert nt["logprob_deviation"] < 2 * nt["logprob_noise"]  # the bound is 4x: a factor 2 of room at least
+
+
+class NaNInAux:
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __call__(self, batch):
+        out = []
+        for f in self.inner(batch):
+            aux = f["aux"].clone()
+            aux[-1, 5] = float("nan")
+            aux[0, 70] = float("inf")
+            out.append({**f, "aux": aux})
+        return out
+
+
+class SwapLowHigh:
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __call__(self, batch):
+        out = []
+        for f in self.inner(batch):
+            a = f["aux"]
+            out.append({**f, "aux": torch.cat([a[:, 128:192], a[:, 64:128], a[:, :64]], 1)})
+        return out
+
+
+def test_nan_or_inf_in_the_aux_states_fails(tmp_path, tiny_model, corpus, calibration, head):
+    bad = NaNInAux(HFFeatureExtractor(tiny_model, LAYERS, out_dtype=STORE_DTYPE))
+    result = checks(write_store(tmp_path / "nan", corpus, bad, calibration), corpus, head)
+    assert_fails(result[AUX_LAYERS], "16 NaN/inf values in aux (all ")  # 2 per sample, 8 samples
+    assert result[AUX_LAYERS].metadata["non_finite"] == {"aux": 16, "last": 0}
+
+
+def test_swapped_low_and_high_layers_fail(tmp_path, tiny_model, corpus, calibration, head):
+    swapped = SwapLowHigh(HFFeatureExtractor(tiny_model, LAYERS, out_dtype=STORE_DTYPE))
+    result = checks(write_store(tmp_path / "sw", corpus, swapped, calibration), corpus, head)
+    assert_fails(
+        result[AUX_LAYERS],
+        "slot low claims layer 2 but is nearest to layer 4",
+        "slot high claims layer 4 but is nearest to layer 2",
+    )
+    assert result[AUX_LAYERS].metadata["nearest_layers"] == {"low": "4", "mid": "3", "high": "2", "last": "last"}
+
+
+def test_a_loss_mask_covering_a_prompt_token_fails(tmp_path, tiny_model, corpus, head):
+    # the store and the corpus agree with each other, but the mask also covers the last prompt token
+    samples = [
+        HiddenStateSample(s.sample_id, s.input_ids, [0] * 9 + [1] * (len(s.input_ids) - 9)) for s in corpus.samples
+    ]
+    bad = CorpusShard(KEY, samples, corpus.prompt_lens)
+    cal = calibrate_store(
+        tiny_model, [(KEY, samples)], LAYERS, model_id=tiny_model_id(0), store_dtype=STORE_DTYPE, config=CONFIG
+    )
+    result = checks(
+        write_store(tmp_path / "m", bad, HFFeatureExtractor(tiny_model, LAYERS, out_dtype=STORE_DTYPE), cal), bad, head
+    )
+    n0 = len(samples[0].input_ids)
+    assert_fails(
+        result[ALIGNMENT],
+        "8 of 8 samples with loss mask not exactly the response",
+        f"p0: mask covers {n0 - 9} tokens, the response is {n0 - 10} (prompt_len 10)",
+    )
+
+
+def test_a_feature_of_the_wrong_shape_fails(tmp_path, good_store, corpus, head):
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    store = tmp_path / "shape"
+    shutil.copytree(good_store, store)
+    path = store / "shard-00000.safetensors"
+    with safe_open(str(path), framework="pt") as f:
+        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no iterator)
+        metadata = f.metadata()
+    tensors["aux"] = tensors["aux"][:, :128].contiguous()  # two layers' worth of columns
+    save_file(tensors, str(path), metadata=metadata)
+    result = checks(store, corpus, head)
+    t = sum(len(s.input_ids) for s in corpus.samples)
+    assert_fails(result[ALIGNMENT], f"aux has shape [{t}, 128], the sample offsets need [{t}, 192]")
+    assert_fails(result[AUX_LAYERS], f"aux has shape [{t}, 128], expected [{t}, 192] = [tokens, 3 × 64]")
