@@ -104,23 +104,45 @@ def _maybe_json(value: Any) -> Any:
     return value
 
 
-def _first_user_turns(sample: Any) -> Any:
-    sample = _maybe_json(sample)
-    if isinstance(sample, list) and sample and isinstance(sample[0], Mapping):
-        return sample[0]
+# How many rows with turns decide between ShareGPT (from/value) and role/content ``conversations``.
+_VOTING_ROWS = 5
+
+
+def _first_turn(value: Any) -> Mapping[str, Any] | None:
+    value = _maybe_json(value)
+    if isinstance(value, list) and value and isinstance(value[0], Mapping):
+        return value[0]
     return None
+
+
+def _conversations_kind(samples: Sequence[Mapping[str, Any]], column: str) -> str:
+    """``conversations`` (role/content) or ``sharegpt`` (from/value), by the first rows that have turns.
+
+    Rows whose list is empty or not turns are passed over, so one empty first row cannot make every
+    row of a role/content set unreadable; a tie (or no row with turns) reads as ShareGPT."""
+    votes = {"conversations": 0, "sharegpt": 0}
+    for sample in samples:
+        first = _first_turn(sample.get(column))
+        if first is None:
+            continue
+        votes["conversations" if "role" in first and "from" not in first else "sharegpt"] += 1
+        if sum(votes.values()) >= _VOTING_ROWS:
+            break
+    return "conversations" if votes["conversations"] > votes["sharegpt"] else "sharegpt"
 
 
 def detect_format(
     columns: Sequence[str],
-    sample: Mapping[str, Any] | None = None,
+    samples: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
     name: str | None = None,
     mapping: Mapping[str, str] | None = None,
 ) -> RowFormat:
-    """Pick the format from the column names (and, for ``conversations``, the keys of a first turn).
+    """Pick the format from the column names (and, for ``conversations``, the keys of the first turns of
+    the first rows that have turns: ``samples``, one row or several).
 
     ``name`` forces a format; ``mapping`` renames fields (field → column). Raises :class:`FormatError`
     naming the columns seen when nothing fits."""
+    rows = [samples] if isinstance(samples, Mapping) else list(samples or [])
     mapping = dict(mapping or {})
     unknown = sorted(set(mapping) - ALL_FIELDS)
     if unknown:
@@ -151,11 +173,8 @@ def detect_format(
         return resolved(name, detected=False)
     if col("messages"):
         return resolved("openai", True)
-    if col("conversations"):
-        first = _first_user_turns((sample or {}).get(col("conversations") or ""))
-        if isinstance(first, Mapping) and "role" in first and "from" not in first:
-            return resolved("conversations", True)
-        return resolved("sharegpt", True)
+    if conversations := col("conversations"):
+        return resolved(_conversations_kind(rows, conversations), True)
     if col("data"):
         return resolved("ultrachat", True)
     if col("instruction"):

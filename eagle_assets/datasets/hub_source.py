@@ -17,7 +17,10 @@ Which files make up a split follows the Hub's own conventions, in this order:
    the layout of the Hub's Parquet conversion, revision ``refs/convert/parquet``); a repo whose files
    name no split is all ``train``.
 
-Not followed (assumed absent from prompt sets): loading scripts, ``dataset_info`` features, CSV/TXT.
+Data files are those :mod:`.file_readers` reads: JSON Lines (also ``.json``, the usual name of
+ShareGPT-style sets' ``train.json``, whether JSON Lines or one array), Parquet; ``datasets``' own
+metadata files (``dataset_info.json``) are never data. Not followed (assumed absent from prompt
+sets): loading scripts, ``dataset_info`` features, CSV/TXT.
 """
 
 import fnmatch
@@ -29,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from eagle_assets.datasets.file_readers import SUPPORTED_SUFFIXES, PromptFileError
+from eagle_assets.datasets.file_readers import SUPPORTED_SUFFIXES, PromptFileError, is_data_file
 
 HUB_PREFIX = "hf:"
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -209,11 +212,7 @@ def _matching(folder: Path, patterns: list[str]) -> list[tuple[str, Path]]:
     out = []
     for path in sorted(folder.rglob("*")):
         rel = path.relative_to(folder).as_posix()
-        if (
-            path.is_file()
-            and rel.lower().endswith(SUPPORTED_SUFFIXES)
-            and any(fnmatch.fnmatch(rel, p) for p in patterns)
-        ):
+        if path.is_file() and is_data_file(rel) and any(fnmatch.fnmatch(rel, p) for p in patterns):
             out.append((rel, path))
     return out
 

@@ -11,14 +11,16 @@ both read through it). Its API:
     for row in source.iter_rows(wanted={3, 17}):   # RawRow(file, line, index, value); lazily
         ...
 
-Local paths: ``.jsonl`` (also ``.jsonl.gz``, ``.jsonl.zst``), ``.parquet``, or a folder holding such
-files (read in sorted order, as one set). Hub sources: ``hf:owner/name`` with ``revision``,
-``config``, ``split`` (default ``train``) and ``data_files`` (see :mod:`.hub_source`). Row indices
+Local paths: ``.jsonl`` (also ``.jsonl.gz``, ``.jsonl.zst``), ``.json`` (JSON Lines or one JSON array),
+``.parquet``, or a folder holding such files (read in sorted order, as one set). Hub sources:
+``hf:owner/name`` with ``revision``, ``config``, ``split`` (default ``train``) and ``data_files`` (see
+:mod:`.hub_source`). Row indices
 run across all files of the source in order; they are what shards and sampling are cut on.
 """
 
 import hashlib
 import json
+from collections import Counter
 from collections.abc import Container, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +32,7 @@ from eagle_assets.datasets.file_readers import (
     RawRow,
     count_file_rows,
     file_kind,
+    is_data_file,
     iter_file_rows,
     parquet_columns,
 )
@@ -146,31 +149,48 @@ class ResolvedSource:
             self._counts[path] = seen[0]
             first += seen[0]
 
-    def columns(self) -> tuple[list[str], dict[str, Any] | None]:
-        """The column names (a Parquet schema, or the keys of the first JSONL objects) and a first row."""
-        if not self.files:
-            return [], None
-        path = self.files[0]
-        sample = None
-        if file_kind(path) == "parquet":
-            names = parquet_columns(path)
-            for row in iter_file_rows(path, 0, range(1)):
-                sample = row.value if isinstance(row.value, dict) else None
-            return names, sample
-        names_seen: dict[str, None] = {}
-        for i, row in enumerate(iter_file_rows(path)):
-            if isinstance(row.value, dict):
-                sample = sample or row.value
-                names_seen.update(dict.fromkeys(row.value))
-            if i + 1 >= _PEEK_ROWS:
-                break
-        return list(names_seen), sample
+    def columns(self) -> tuple[list[str], list[dict[str, Any]]]:
+        """The column names and the first rows that are objects (up to ``_PEEK_ROWS``), for format detection.
+
+        Several rows, not one: a set whose first row is empty or odd must not decide the format of all
+        the others. Raises :class:`PromptFileError` saying what was seen when the source holds no rows,
+        or no object among its first rows, instead of leaving "unknown format: columns []" to explain it.
+        """
+        seen: Counter[str] = Counter()
+        first_problem = ""
+        for path, label in zip(self.files, self.labels, strict=True):
+            names: dict[str, None] = {}
+            samples: list[dict[str, Any]] = []
+            if file_kind(path) == "parquet":
+                names.update(dict.fromkeys(parquet_columns(path)))
+            for row in iter_file_rows(path, 0, range(_PEEK_ROWS)):
+                if isinstance(row.value, dict):
+                    samples.append(row.value)
+                    names.update(dict.fromkeys(row.value))
+                    continue
+                what = "invalid JSON" if isinstance(row.value, Exception) else f"a JSON {type(row.value).__name__}"
+                seen[what] += 1
+                first_problem = first_problem or f"{label}:{row.line}: {_short(row.value)}"
+            if samples:
+                return list(names), samples
+        if not seen:
+            raise PromptFileError(f"{self.description}: holds no rows")
+        counts = ", ".join(f"{n} {what}" for what, n in seen.most_common())
+        raise PromptFileError(
+            f"{self.description}: no JSON object among the first {_PEEK_ROWS} rows of each file, so its format"
+            f" cannot be detected; they hold {counts}. First: {first_problem}"
+        )
 
     def where(self, row: RawRow) -> str:
         """The place of a row as a person looks it up: file and line, or (Hub) split and row index."""
         if self.spec.hub is not None:
             return f"{self.spec.hub.repo_id}@{(self.commit or '')[:12]} split {self.split} row {row.index} ({row.file})"
         return f"{row.file}:{row.line}" if row.unit == "line" else f"{row.file} row {row.line}"
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    text = str(value) if isinstance(value, Exception) else json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _any_in(wanted: Container[int], first: int, n: int) -> bool:
@@ -189,7 +209,7 @@ def _local_files(path: Path) -> list[Path]:
             p
             for p in path.rglob("*")
             if p.is_file()
-            and p.name.lower().endswith(SUPPORTED_SUFFIXES)
+            and is_data_file(p.name)
             and not any(part.startswith(".") for part in p.relative_to(path).parts)
         )
         if not files:

@@ -142,6 +142,28 @@ def test_file_names_give_the_split_when_the_card_has_no_configs(hf_env, monkeypa
             resolve_source(SourceSpec.parse("hf:acme/plain", split="test"))
 
 
+def test_json_files_on_the_hub_are_read_as_named_or_as_the_train_split(hf_env, monkeypatch):
+    """ShareGPT-style sets ship ``train.json`` (JSON Lines or one array); ``dataset_info.json`` is not data."""
+    line = b'{"id": "%d", "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]}\n'
+    lines = FakeDatasetRepo("acme/sg-lines")
+    lines.commit({"train.json": b"".join(line % i for i in range(3)), "README.md": b"# x\n"})
+    array = FakeDatasetRepo("acme/sg-array")
+    array.commit(
+        {
+            "sharegpt_part1.json": b"[" + b",\n".join(line.strip() % i for i in range(4)) + b"]",
+            "dataset_info.json": b'{"features": {}}',
+        }
+    )
+    with serve_datasets(lines, array) as (url, _):
+        monkeypatch.setenv("HF_ENDPOINT", url)
+        assert resolve_source(SourceSpec.parse("hf:acme/sg-lines")).count_rows() == 3
+        named = resolve_source(SourceSpec.parse("hf:acme/sg-lines", data_files=["train.json"]))
+        assert named.labels == ("acme/sg-lines/train.json",) and named.count_rows() == 3
+        whole = resolve_source(SourceSpec.parse("hf:acme/sg-array"))  # no split named: all is train
+        assert whole.labels == ("acme/sg-array/sharegpt_part1.json",) and whole.count_rows() == 4
+        assert [r.value["id"] for r in whole.iter_rows()] == ["0", "1", "2", "3"]
+
+
 _CHILD = """
 import json, sys
 from eagle_assets.datasets.sources import SourceSpec, resolve_source

@@ -180,9 +180,9 @@ def test_unreadable_sources_fail_as_a_whole_with_the_path(tmp_path):
     broken.write_bytes(b"\x28\xb5\x2f\xfd garbage")
     with pytest.raises(PromptFileError, match="cannot be decompressed"):
         resolve_source(SourceSpec.parse(str(broken))).count_rows()
-    array = tmp_path / "array.jsonl"
-    array.write_text('[{"prompt": "a"}]\n')
-    with pytest.raises(PromptFileError, match="JSON array"):
+    array = tmp_path / "array.json"
+    array.write_text('[{"prompt": "a"},\n {"prompt": "b"}\n {"prompt": "c"}]\n')  # a comma missing on line 2
+    with pytest.raises(PromptFileError, match=r"JSON array is broken at line 3: expected ',' or '\]'"):
         resolve_source(SourceSpec.parse(str(array))).count_rows()
     with pytest.raises(PromptFileError, match="apply to Hub datasets"):
         SourceSpec.parse(str(tmp_path / "a.jsonl"), split="train")
@@ -199,3 +199,79 @@ def test_prompt_ids_are_given_or_a_stable_content_hash(tmp_path):
     assert convs[2].conversation_id == content_prompt_id([{"role": "user", "content": "x"}], None)  # blank id: hash
     again = [conversation_of(r, fmt) for r in resolve_source(SourceSpec.parse(str(path))).iter_rows()]
     assert [c.conversation_id for c in again] == [c.conversation_id for c in convs]
+
+
+def test_the_format_is_decided_by_the_first_rows_with_turns_not_the_first_row(tmp_path):
+    """A role/content ``conversations`` set whose first row is an empty list is still read as role/content
+    (one empty row, the rest kept), not as ShareGPT with every row refused."""
+    rows = [{"id": "e", "conversations": []}] + [
+        {"id": f"r{i}", "conversations": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": "a"}]}
+        for i in range(6)
+    ]
+    path = tmp_path / "rc.jsonl"
+    path.write_bytes(jsonl_bytes(rows))
+    source = resolve_source(SourceSpec.parse(str(path)))
+    assert detect_format(*source.columns()).name == "conversations"
+    prompts, problems = load_prompts(path)
+    assert [p.prompt_id for p in prompts] == [f"r{i}" for i in range(6)]
+    assert [(p.line, p.reason) for p in problems] == [(1, "empty")]
+    # A lone odd row among ShareGPT ones does not flip the set either: the first rows with turns vote.
+    odd = {"id": "x", "conversations": [{"role": "user", "content": "q"}]}
+    path.write_bytes(jsonl_bytes([odd, *sharegpt_rows(4)]))
+    assert detect_format(*resolve_source(SourceSpec.parse(str(path))).columns()).name == "sharegpt"
+
+
+def test_a_source_without_objects_in_its_first_rows_says_what_it_holds(tmp_path):
+    csv = tmp_path / "csvlike.jsonl"
+    csv.write_text("id,prompt\n" + "".join(f"{i},question {i}\n" for i in range(60)))
+    with pytest.raises(PromptFileError) as exc:
+        resolve_source(SourceSpec.parse(str(csv))).columns()
+    text = str(exc.value)
+    assert "no JSON object among the first 50 rows" in text and "they hold 50 invalid JSON" in text
+    assert f"First: {csv}:1: invalid JSON" in text
+    arrays = tmp_path / "arrays.jsonl"
+    arrays.write_text('["a", "b"]\n["c"]\n7\n')
+    with pytest.raises(PromptFileError, match=r"they hold 2 a JSON list, 1 a JSON int\. First: .*arrays.jsonl:1: \["):
+        resolve_source(SourceSpec.parse(str(arrays))).columns()
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n\n")
+    with pytest.raises(PromptFileError, match=r"empty\.jsonl: holds no rows"):
+        resolve_source(SourceSpec.parse(str(empty))).columns()
+
+
+def test_a_json_array_file_is_read_element_by_element(tmp_path):
+    """ShareGPT's original files are one JSON array: read, streamed, each row located by its line."""
+    rows = sharegpt_rows(5)
+    rows[2]["conversations"][0]["value"] = "x" * 3_000_000  # larger than a read chunk: parsed across chunks
+    pretty = tmp_path / "sharegpt.json"
+    pretty.write_bytes(b"\xef\xbb\xbf" + orjson.dumps(rows, option=orjson.OPT_INDENT_2) + b"\n")
+    one_line = tmp_path / "one_line.json.gz"
+    one_line.write_bytes(gzip.compress(orjson.dumps(rows)))
+    for path in (pretty, one_line):
+        source = resolve_source(SourceSpec.parse(str(path)))
+        assert source.count_rows() == 5
+        picked = list(source.iter_rows(wanted={1, 4}))
+        assert [r.value for r in picked] == [rows[1], rows[4]]
+        prompts, problems = load_prompts(path)
+        assert not problems and [p.prompt_id for p in prompts] == [f"c{i}" for i in range(5)]
+    starts = [r.line for r in resolve_source(SourceSpec.parse(str(pretty))).iter_rows()]
+    text_lines = pretty.read_bytes().split(b"\n")
+    assert all(text_lines[n - 1].strip() == b"{" for n in starts) and starts[0] == 2
+    assert [r.line for r in resolve_source(SourceSpec.parse(str(one_line))).iter_rows()] == [1] * 5
+    # A JSON Lines file whose rows are arrays stays JSON Lines: each row refused on its own.
+    lines = tmp_path / "rows.jsonl"
+    lines.write_bytes(b"[1, 2]\n" + jsonl_bytes(sharegpt_rows(2)))
+    prompts, problems = load_prompts(lines)
+    assert len(prompts) == 2 and [(p.line, p.reason) for p in problems] == [(1, "not_an_object")]
+
+
+def test_json_files_are_data_in_folders_but_dataset_metadata_is_not(tmp_path):
+    folder = tmp_path / "parts"
+    folder.mkdir()
+    (folder / "part1.json").write_bytes(jsonl_bytes(sharegpt_rows(3, "a")))  # JSON Lines named .json
+    (folder / "part2.json").write_bytes(orjson.dumps(sharegpt_rows(2, "b")))  # one JSON array
+    (folder / "dataset_info.json").write_text('{"features": {}}')
+    source = resolve_source(SourceSpec.parse(str(folder)))
+    assert [f.name for f in source.files] == ["part1.json", "part2.json"]
+    prompts, problems = load_prompts(folder)
+    assert not problems and [p.prompt_id for p in prompts] == ["a0", "a1", "a2", "b0", "b1"]
