@@ -24,6 +24,7 @@ The hierarchy (``*`` marks classes defined in the modules named, not here)::
     ├── ConfigError                     a setting, file or variable names nothing usable
     │   ├── BudgetModeError *           eagle_assets/budget_mode.py
     │   ├── DatasetConfigError *        eagle_assets/datasets/config.py
+    │   ├── RegenerationModeError *     eagle_assets/datasets/regeneration.py
     │   ├── DatabaseConfigError *       eagle_assets/generation/ledger_db.py
     │   ├── MissingApiKeyError *        resources/openrouter/secret.py
     │   ├── TargetConfigError *         resources/openrouter/configured.py

@@ -18,6 +18,7 @@ def input_metadata(inputs: PartitionInputs) -> dict[str, dg.MetadataValue]:
         "rows_in_source": dg.MetadataValue.int(scan.rows),
         "usable_rows_in_source": dg.MetadataValue.int(scan.usable),
         "rows_rejected_in_source": dg.MetadataValue.md(table(("reason", "rows"), rejected) if rejected else "none"),
+        "repeated_id_rows_in_source": dg.MetadataValue.text(scan.duplicates_text()),
         "rows_in_shard": dg.MetadataValue.int(shard.rows),
         "rows_rejected_in_shard": dg.MetadataValue.int(len(shard.problems)),
         "requests_in_shard": dg.MetadataValue.int(inputs.requests),

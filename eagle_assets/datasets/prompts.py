@@ -14,7 +14,7 @@ import orjson
 
 from eagle_assets.datasets.file_readers import PromptFileError, RawRow
 from eagle_assets.datasets.formats import VALID_ROLES, RowError, RowFormat, detect_format, read_row
-from eagle_assets.datasets.regeneration import DEFAULT_MODE, single_request, turn_inputs
+from eagle_assets.datasets.regeneration import DEFAULT_MODE, RegenerationModeError, single_request, turn_inputs
 from eagle_assets.datasets.sources import ResolvedSource, SourceSpec, resolve_source
 
 __all__ = [
@@ -27,6 +27,9 @@ __all__ = [
     "conversation_of",
     "load_prompts",
 ]
+
+
+SINGLE_REQUEST_MODES = ("last_user", "first_turn")
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,7 @@ class Conversation:
 
     def prompt(self) -> Prompt:
         if self.request is None:
-            raise ValueError(f"{self.conversation_id}: an every_turn conversation has no single prompt")
+            raise RegenerationModeError(f"{self.conversation_id}: an every_turn conversation has no single prompt")
         return Prompt(self.conversation_id, self.request, self.tools, self.line, self.index)
 
 
@@ -93,14 +96,22 @@ def conversation_of(
 def load_prompts(
     path: str | Path, mode: str = DEFAULT_MODE, format: str | None = None
 ) -> tuple[list[Prompt], list[RowProblem]]:
-    """Every prompt of a small local file, for tools and tests (the assets read shards lazily instead)."""
+    """Every prompt of a small local file, for tools and tests (the assets read shards lazily instead).
+
+    One prompt per row, so only the single-request modes: an every_turn conversation's later turns
+    depend on the target's earlier answers (read it with ``read_shard`` and ``TurnChains``)."""
+    if mode not in SINGLE_REQUEST_MODES:
+        raise RegenerationModeError(
+            f"load_prompts gives one prompt per row, so mode must be one of {', '.join(SINGLE_REQUEST_MODES)},"
+            f" not {mode!r}: every_turn conversations are read with read_shard and asked through TurnChains"
+        )
     source = resolve_source(SourceSpec(path=Path(path)))
     return _prompts_of(source, mode, format)
 
 
 def _prompts_of(source: ResolvedSource, mode: str, format: str | None) -> tuple[list[Prompt], list[RowProblem]]:
-    columns, sample = source.columns()
-    fmt = detect_format(columns, sample, format)
+    columns, samples = source.columns()
+    fmt = detect_format(columns, samples, format)
     prompts: list[Prompt] = []
     problems: list[RowProblem] = []
     seen: set[str] = set()

@@ -22,12 +22,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from eagle_assets.datasets.formats import RowError
+from eagle_assets.errors import ConfigError
 
 MODES = ("last_user", "first_turn", "every_turn")
 DEFAULT_MODE = "last_user"
 TURN_SEPARATOR = "#t"
 # Context messages that stay with the user turn after them in every_turn.
 _CONTEXT_ROLES = frozenset({"system", "developer"})
+
+
+class RegenerationModeError(ConfigError, ValueError):
+    """A regeneration mode that is unknown, or asked of a reader that cannot serve it (one prompt per row
+    cannot stand for an every_turn conversation, whose turns are asked one after another)."""
 
 
 def turn_prompt_id(conversation_id: str, turn: int) -> str:
@@ -48,7 +54,7 @@ def single_request(messages: list[dict[str, Any]], mode: str) -> list[dict[str, 
         return messages[: users[-1] + 1]
     if mode == "first_turn":
         return messages[: users[0] + 1]
-    raise ValueError(f"{mode!r} is not a single-request mode")
+    raise RegenerationModeError(f"{mode!r} is not a single-request mode (those are last_user and first_turn)")
 
 
 def turn_inputs(messages: Sequence[Mapping[str, Any]], max_turns: int | None = None) -> list[list[dict[str, Any]]]:

@@ -6,9 +6,12 @@ import pytest
 
 from eagle_assets.datasets.dataset_scan import DatasetQualityError, check_quality, load_or_scan, scan_dataset
 from eagle_assets.datasets.formats import detect_format
+from eagle_assets.datasets.prompts import load_prompts
+from eagle_assets.datasets.regeneration import RegenerationModeError
 from eagle_assets.datasets.sampling import RowOrder
 from eagle_assets.datasets.shard_reader import read_shard
 from eagle_assets.datasets.sources import SourceSpec, resolve_source
+from eagle_assets.errors import EagleForgeError
 
 
 def good(i):
@@ -65,16 +68,19 @@ def test_held_out_file_keeps_every_good_row_and_reports_the_bad_with_file_and_li
         "missing_field": 1,
         "bad_field": 2,
         "bad_tools": 1,
-        "duplicate_id": 1,
     }
     lines_reported = {int(e.split(":")[1]) for e in summary.examples if e.startswith(str(path))}
     assert lines_reported == {ln for ln, r in bad_at.items() if r != "duplicate_id"}
-    assert len(summary.duplicates) == 1
+    # The repeated id is counted apart: not a bad row, asked once, and shown with its place and id.
+    (dup_line,) = [ln for ln, r in bad_at.items() if r == "duplicate_id"]
+    assert len(summary.duplicates) == 1 and summary.bad == 9
+    assert summary.duplicate_example == f"{path}:{dup_line}, id 'g3'"
     # The default share (5%) refuses this set before anything is spent, saying why and where.
     with pytest.raises(DatasetQualityError) as exc:
         check_quality(summary, 0.05, "H1")
     text = str(exc.value)
-    assert "10 of 31 rows (32.3%)" in text and "nothing was sent" in text and "bad_field 2" in text
+    assert "9 of 31 rows (29.0%)" in text and "nothing was sent" in text and "bad_field 2" in text
+    assert "1 rows repeat an earlier row's id, asked once" in text
     assert f"{path}:{min(lines_reported)}" in text
     check_quality(summary, 0.5, "H1")  # a looser share lets the usable rows through
     # Read as shards: every good row once, the repeated id dropped wherever its shard falls, bad rows reported.
@@ -118,3 +124,35 @@ def test_an_empty_or_wholly_unusable_set_fails(tmp_path):
     path.write_bytes(b'{"prompt": 5}\n')
     with pytest.raises(DatasetQualityError, match="1 of 1 rows"):
         check_quality(scan_dataset(resolve_source(SourceSpec.parse(str(path))), fmt, "last_user"), 1.0, "E")
+
+
+def test_repeated_conversations_are_asked_once_and_are_not_bad_rows(tmp_path):
+    """A set where 1 row in 5 repeats an earlier conversation (no ids: the content hash) is smaller, not broken:
+    it passes the 5% bad-row share, each repeat is counted and shown, and its turns are not requests."""
+    rows = [
+        {"conversations": [{"from": "human", "value": f"q{i}"}, {"from": "gpt", "value": "a"}] * (1 + i % 2)}
+        for i in range(16)
+    ]
+    repeats_of = [0, 1, 2, 3]  # one two-turn and one one-turn conversation each, alternately
+    lines = [orjson.dumps(r) for r in rows] + [orjson.dumps(rows[i]) for i in repeats_of]
+    path = tmp_path / "repeats.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    source = resolve_source(SourceSpec.parse(str(path)))
+    fmt = detect_format(*source.columns())
+    summary = scan_dataset(source, fmt, "every_turn")
+    assert summary.rows == 20 and summary.usable == 16 and summary.bad == 0 and summary.rejected == {}
+    assert summary.duplicates == [16, 17, 18, 19]
+    assert summary.turns == {1: 8, 2: 8} and summary.requests == 24  # the 16 distinct conversations' turns
+    assert summary.duplicates_text().startswith("4 rows repeat an earlier row's id, asked once (first:")
+    assert f"{path}:17, id " in summary.duplicate_example
+    check_quality(summary, 0.05, "R")  # 20% repeats: not a refusal
+    contents = read_shard(source, fmt, RowOrder(20, seed=0), 0, 20, "every_turn", None, frozenset(summary.duplicates))
+    assert len(contents.conversations) == 16 and contents.rejected() == {"duplicate_id": 4}
+
+
+def test_load_prompts_refuses_every_turn_with_a_named_error(tmp_path):
+    path = tmp_path / "s.jsonl"
+    path.write_bytes(orjson.dumps(good(0)) + b"\n")
+    with pytest.raises(RegenerationModeError, match="every_turn conversations are read with read_shard"):
+        load_prompts(path, mode="every_turn")
+    assert issubclass(RegenerationModeError, EagleForgeError)
