@@ -10,6 +10,7 @@ import pytest
 from eagle_assets.datasets.config import DatasetConfigError, get_dataset, load_datasets
 from eagle_assets.datasets.prompts import PromptFileError, load_prompts
 from eagle_assets.datasets.samples import BUILDERS, sample_rows
+from eagle_assets.generation.partition_inputs import partition_inputs
 from eagle_assets.settings import REPO_ROOT
 
 
@@ -29,6 +30,19 @@ def test_default_config_declares_b1_to_b8_with_samples(tmp_path, monkeypatch):
         assert prompts and not problems
     assert any(p.tools for p in load_prompts(specs["B4"].path)[0])
     assert sample_rows("B3", 5) == sample_rows("B3", 5)  # deterministic
+
+
+def test_the_default_b5_regenerates_every_turn_of_its_conversations(tmp_path, monkeypatch):
+    """The demo's multi-turn set is declared every_turn and is read into chains with later turns (``#t2``),
+    not one request per row."""
+    monkeypatch.setenv("EAGLE_FORGE_HOME", str(tmp_path))
+    b5 = load_datasets()["B5"]
+    assert b5.regenerate == "every_turn"
+    inputs = partition_inputs(b5, "0000", tmp_path / "cache")
+    assert inputs.chains is not None and not inputs.prompts
+    ids = list(inputs.chains.prompt_ids())
+    assert {i.rsplit("#t", 1)[1] for i in ids} >= {"1", "2"} and inputs.requests == len(ids) > len(inputs.chains)
+    assert inputs.scan.requests >= inputs.requests  # the whole set's count (budgets, targets) has every turn too
 
 
 @pytest.mark.parametrize(

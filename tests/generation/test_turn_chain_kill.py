@@ -65,6 +65,7 @@ def test_sigkill_mid_conversation_resumes_at_the_next_turn_buying_nothing_twice(
         assert proc.poll() is None, (tmp_path / "life.log").read_text()[-3000:]
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+        at_kill = sim.stats(0)  # one read: what was billed so far, and what was still being answered
         time.sleep(1.0)  # the simulator bills what was in flight at the kill
         before = {r["prompt_id"]: r for r in scan(journal).records}
         finished = {pid.split("#")[0] for pid in before if pid.endswith(f"#t{TURNS}")}
@@ -86,6 +87,11 @@ def test_sigkill_mid_conversation_resumes_at_the_next_turn_buying_nothing_twice(
         # No turn journaled before the kill was asked again (its request was billed exactly as often as before).
         for pid, n in bought_before.items():
             assert after["billed_by_hash"][hash_of[before[pid]["generation_id"]]] == n, pid
+        # The rerun bought the turns not journaled before the kill, and at most the answers that were in flight
+        # at the kill (billed by the simulator after it) besides: every turn journaled before was bought once.
+        remaining = len(expected) - len(before)
+        billed_since_kill = after["billed_requests"] - at_kill["billed_requests"]
+        assert remaining <= billed_since_kill <= remaining + at_kill["in_flight"], (remaining, at_kill["in_flight"])
         # A conversation cut at the kill went on from its journaled turns.
         by_id = {r["prompt_id"]: r for r in records}
         for cid in mid:
