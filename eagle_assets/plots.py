@@ -114,3 +114,32 @@ def plan_cost_md(costs: Mapping[str, tuple[float, float, float]], available: flo
     right.legend(fontsize=7)
     fig.tight_layout()
     return _markdown_png(fig, title)
+
+
+def throughput_md(
+    with_draft: Mapping[str, float | None],
+    without: Mapping[str, float | None],
+    speedup: Mapping[str, float | None],
+    title: str,
+) -> str:
+    """Two panels per prompt set: output tokens/s with and without the draft, and their ratio against 1×.
+
+    A set without a figure (no baseline pass, or nothing answered) keeps its place with no bar."""
+    names = list(with_draft)
+    xs = list(range(len(names)))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(8, 2.8))
+    for offset, (label, values) in ((-0.2, ("with the draft", with_draft)), (0.2, ("without", without))):
+        left.bar([x + offset for x in xs], [values.get(n) or 0.0 for n in names], width=0.4, label=label)
+    left.set_xticks(xs, names)
+    left.set_title("output tokens/s")
+    left.grid(axis="y", alpha=0.3)
+    left.legend(fontsize=7)
+    right.bar(xs, [speedup.get(n) or 0.0 for n in names], color="#55a868")
+    right.axhline(1.0, color="#c44e52", linewidth=1.0, label="no speedup")
+    right.set_xticks(xs, names)
+    right.set_title("speedup (with / without)")
+    right.grid(axis="y", alpha=0.3)
+    right.legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    return _markdown_png(fig, title)

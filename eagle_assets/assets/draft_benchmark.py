@@ -11,6 +11,7 @@ publish, shown beside them. A failed serving run fails the step and still shows 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from pydantic import Field
 from eagle_assets.assets.failures import fail
 from eagle_assets.benchmarks.acceptance import AcceptanceTally
 from eagle_assets.benchmarks.prompt_sets import PROMPT_SETS, PromptSetError
-from eagle_assets.benchmarks.reference import REFERENCES, comparable
+from eagle_assets.benchmarks.reference import REFERENCE_SETTINGS, REFERENCES, Comparability, comparable
 from eagle_assets.benchmarks.results import SetResult, reference_table, results_table
 from eagle_assets.layout import benchmark_runs_dir, corpus_split_dir
 from eagle_assets.markdown import table
@@ -29,6 +30,7 @@ from resources.serving.resource import ServingEngineResource
 from resources.target.resource import TargetModelResource
 
 SERVING_SETS = ("mtbench", "gsm8k", "humaneval", "heldout")
+HUB_SETS = tuple(n for n, spec in PROMPT_SETS.items() if spec.hub is not None)
 INPROCESS_MAX_NEW_TOKENS = 48
 
 
@@ -39,7 +41,11 @@ class BenchmarkConfig(dg.Config):
     )
     num_prompts: int = Field(16, ge=1, description="held-out prompts (the corpus's eval split)")
     mtbench_prompts: int = Field(80, ge=1, description="MT-Bench questions (both turns each)")
-    gsm8k_prompts: int = Field(200, ge=1, description="GSM8K test questions, the first N")
+    gsm8k_prompts: int = Field(
+        PROMPT_SETS["gsm8k"].default_prompts,
+        ge=1,
+        description="GSM8K test questions, the first N after the five few-shot examples (500: the reference's)",
+    )
     humaneval_prompts: int = Field(164, ge=1)
     max_new_tokens: int = Field(0, ge=0, description="per turn; 0: each set's default (in process: 48)")
     num_steps: int = Field(3, ge=1, description="draft steps (K tokens proposed per verification)")
@@ -48,6 +54,10 @@ class BenchmarkConfig(dg.Config):
     batch_size: int = Field(1, ge=1, description="requests in flight (the server's batch)")
     temperature: float = Field(0.0, ge=0.0)
     thinking: bool = Field(True, description="the target's thinking setting as served (K2.5: on)")
+    revisions: dict[str, str] = Field(
+        default_factory=dict,
+        description="per Hub set, a commit (or branch) to read instead of the pinned one, e.g. {mtbench: <sha>}",
+    )
 
     def speculative(self) -> SpeculativeSettings:
         return SpeculativeSettings(self.num_steps, self.eagle_topk, self.num_draft_tokens)
@@ -59,6 +69,21 @@ class BenchmarkConfig(dg.Config):
             "humaneval": self.humaneval_prompts,
             "heldout": self.num_prompts,
         }[name]
+
+
+def reference_benchmark_config() -> dict[str, object]:
+    """The benchmark config a run gets when its figures are to stand beside the published ones: the
+    references' steps/topk/draft tokens, greedy, every set in full with its default max tokens (the
+    sizes and limits are the config's defaults; spelled here so that the run's config shows them)."""
+    spec = REFERENCE_SETTINGS
+    return {
+        "num_steps": spec.num_steps,
+        "eagle_topk": spec.eagle_topk,
+        "num_draft_tokens": spec.num_draft_tokens,
+        "temperature": 0.0,
+        "batch_size": 1,
+        "max_new_tokens": 0,
+    }
 
 
 def held_out_prompts(n: int) -> list[list[int]]:
@@ -169,6 +194,9 @@ def load_prompt_sets(config: BenchmarkConfig, names: list[str], log: Any) -> tup
     from eagle_assets.benchmarks.prompt_sets import conversations_from_rows, heldout_conversations
     from eagle_assets.benchmarks.serving_benchmark import SetPlan
 
+    wrong = sorted(n for n in config.revisions if n not in PROMPT_SETS or PROMPT_SETS[n].hub is None)
+    if wrong:
+        raise PromptSetError(f"revisions name {wrong}, which are not Hub sets ({', '.join(HUB_SETS)})")
     plans, sources = [], {}
     for name in names:
         spec = PROMPT_SETS[name]
@@ -177,7 +205,8 @@ def load_prompt_sets(config: BenchmarkConfig, names: list[str], log: Any) -> tup
             convs = heldout_conversations(held_out_prompts(config.limit(name)))
             sources[name] = "corpus eval split"
         else:
-            rows, source = load_hub_set(spec.hub)
+            hub = replace(spec.hub, revision=config.revisions.get(name, spec.hub.revision))
+            rows, source = load_hub_set(hub)
             convs = conversations_from_rows(name, rows, config.limit(name))
             sources[name] = source
         log(f"{spec.label}: {len(convs)} conversations, {sum(c.turns for c in convs)} turns from {sources[name]}")
@@ -185,21 +214,47 @@ def load_prompt_sets(config: BenchmarkConfig, names: list[str], log: Any) -> tup
     return plans, sources
 
 
-def _results_metadata(results: list[SetResult], config: BenchmarkConfig, engine: str) -> dict[str, Any]:
+def _comparability(
+    results: list[SetResult], config: BenchmarkConfig, engine: str, max_new: dict[str, int]
+) -> Comparability:
+    facts = [r.facts(max_new[r.name]) for r in results]
+    return comparable(engine, config.speculative(), config.temperature, config.thinking, facts)
+
+
+def _throughput_plot(results: list[SetResult], title: str) -> str:
+    from eagle_assets.plots import throughput_md
+
+    return throughput_md(
+        {r.label: r.draft.tokens_per_s for r in results},
+        {r.label: None if r.baseline is None else r.baseline.tokens_per_s for r in results},
+        {r.label: r.speedup for r in results},
+        title,
+    )
+
+
+def _results_metadata(
+    results: list[SetResult], config: BenchmarkConfig, engine: str, max_new: dict[str, int]
+) -> dict[str, Any]:
     from eagle_assets.plots import grouped_bars_md, tau_comparison_md
 
     spec = config.speculative()
-    ok = comparable(engine, spec, config.temperature)
+    verdict = _comparability(results, config, engine, max_new)
+    run_title = f"{engine} {spec.num_steps}/{spec.eagle_topk}/{spec.num_draft_tokens}, batch {config.batch_size}"
     md: dict[str, Any] = {
         "acceptance": dg.MetadataValue.md(results_table(results, spec.num_steps)),
-        "reference": dg.MetadataValue.md(reference_table(results, f"this draft ({engine})", ok)),
+        "reference": dg.MetadataValue.md(reference_table(results, f"this draft ({engine})", verdict)),
+        "comparable": dg.MetadataValue.bool(verdict.ok),
+        "comparability": dg.MetadataValue.text(verdict.describe()),
         "per_set": dg.MetadataValue.json([r.summary() for r in results]),
+        "warnings": dg.MetadataValue.json({r.name: r.warnings for r in results if r.warnings}),
     }
     for r in results:
         if r.tau is not None:
             md[f"acceptance_length_{r.name}"] = dg.MetadataValue.float(round(r.tau, 4))
         if r.speedup is not None:
             md[f"speedup_{r.name}"] = dg.MetadataValue.float(round(r.speedup, 4))
+        if r.draft.tokens_per_s is not None:
+            md[f"tokens_per_s_{r.name}"] = dg.MetadataValue.float(round(r.draft.tokens_per_s, 2))
     headline = next((r for r in results if r.name == "mtbench" and r.tau is not None), None)
     headline = headline or next((r for r in results if r.tau is not None), None)
     if headline is not None:
@@ -211,9 +266,10 @@ def _results_metadata(results: list[SetResult], config: BenchmarkConfig, engine:
             {r.name: r.tau for r in results},
             {ref.draft: ref.tau for ref in REFERENCES},
             labels,
-            f"τ, {engine} {spec.num_steps}/{spec.eagle_topk}/{spec.num_draft_tokens}, batch {config.batch_size}",
+            f"τ, {run_title}; {verdict.short()}",
         )
     )
+    md["throughput_plot"] = dg.MetadataValue.md(_throughput_plot(results, f"output tokens/s, {run_title}"))
     with_rates = {r.label: r.position_rates for r in results if r.position_rates}
     if with_rates:
         md["per_position_plot"] = dg.MetadataValue.md(
@@ -291,7 +347,7 @@ def run_serving(
     return dg.MaterializeResult(
         metadata={
             "backend": dg.MetadataValue.text(serving.backend),
-            **_results_metadata(run.results, config, serving.backend),
+            **_results_metadata(run.results, config, serving.backend, {s.name: s.max_new_tokens for s in sets}),
             "settings": dg.MetadataValue.json(settings_md),
             "journal": dg.MetadataValue.path(str(run.journal)),
             "prompts": dg.MetadataValue.int(sum(r.draft.conversations for r in run.results)),

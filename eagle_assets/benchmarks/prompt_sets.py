@@ -6,8 +6,10 @@ into conversations the way SpecForge's ``benchmarks/benchmarker`` turns them int
 - **MT-Bench** (80 questions, both turns): SpecForge's system prompt, then turn 1, the target's own
   answer, turn 2. ``HuggingFaceH4/mt_bench_prompts`` (``prompt``: the two turns, ``prompt_id``,
   ``category``), or FastChat's ``question.jsonl`` layout (``turns``, ``question_id``).
-- **GSM8K** (``openai/gsm8k``, config ``main``, split ``test``, the first N): SpecForge's 5-shot prompt,
-  the first five test rows with their answers as examples, then ``Question: …\\nAnswer:``.
+- **GSM8K** (``openai/gsm8k``, config ``main``, split ``test``, N questions): SpecForge's 5-shot prompt,
+  the first five test rows with their answers as examples, then ``Question: …\\nAnswer:``. As in
+  SpecForge (``eval_lines = lines[5:]``) the questions start after the examples, so none is asked with
+  its own answer in the prompt.
 - **HumanEval** (``openai/openai_humaneval``, split ``test``, 164): the function stub as the user turn.
 - **held-out**: the corpus's eval split, already token ids (never trained on).
 
@@ -60,18 +62,20 @@ class PromptSetSpec:
     default_max_new_tokens: int  # per turn (SpecForge's per-benchmark defaults)
 
 
-# Revisions: openai/gsm8k and openai/openai_humaneval at the commits other pinned evaluations use
-# (e.g. lighteval's gsm8k task); MT-Bench's prompts repo at "main", resolved to its commit at fetch
-# time and recorded with the results (no commit of it could be verified here; pin one in the config).
+# Revisions: the commits other pinned evaluations use (openai/gsm8k and openai/openai_humaneval as in
+# lighteval's tasks; HuggingFaceH4/mt_bench_prompts as in several public speculative-decoding
+# benchmarks), so a moved branch never changes the questions behind a figure. The benchmark config's
+# ``revisions`` names another commit per set; the commit read is recorded with the results either way.
+MTBENCH_REVISION = "e3a795c5e9a82ee40611c416b8a7786c73198991"
 PROMPT_SETS: dict[str, PromptSetSpec] = {
     "mtbench": PromptSetSpec(
-        "mtbench", "MT-Bench", HubSet("HuggingFaceH4/mt_bench_prompts", "main", None, "train"), 80, 2048
+        "mtbench", "MT-Bench", HubSet("HuggingFaceH4/mt_bench_prompts", MTBENCH_REVISION, None, "train"), 80, 2048
     ),
     "gsm8k": PromptSetSpec(
         "gsm8k",
         "GSM8K",
         HubSet("openai/gsm8k", "e53f048856ff4f594e959d75785d2c2d37b678ee", "main", "test"),
-        200,
+        500,
         512,
     ),
     "humaneval": PromptSetSpec(
@@ -119,15 +123,18 @@ def mtbench_conversations(rows: Sequence[Mapping[str, Any]], limit: int) -> list
 
 
 def gsm8k_few_shot(rows: Sequence[Mapping[str, Any]], shots: int) -> str:
+    if len(rows) <= shots:
+        raise PromptSetError(f"gsm8k: {len(rows)} rows, but its {shots}-shot prompt takes {shots} and asks the rest")
     for i, row in enumerate(rows[:shots]):
         _need(row, ("question", "answer"), "gsm8k", i)
     return "".join(f"Question: {r['question']}\nAnswer: {r['answer']}\n\n" for r in rows[:shots])
 
 
 def gsm8k_conversations(rows: Sequence[Mapping[str, Any]], limit: int, shots: int = 5) -> list[Conversation]:
+    """``limit`` questions from row ``shots`` on: the rows before are the examples (SpecForge skips them too)."""
     prefix = gsm8k_few_shot(rows, shots)
     out = []
-    for i, row in enumerate(rows[:limit]):
+    for i, row in enumerate(rows[shots : shots + limit], start=shots):
         _need(row, ("question",), "gsm8k", i)
         out.append(Conversation(f"gsm8k-{i}", [f"{prefix}Question: {row['question']}\nAnswer:"]))
     return out

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from eagle_assets.benchmarks.prompt_sets import PROMPT_SETS
-from eagle_assets.benchmarks.reference import REFERENCES
+from eagle_assets.benchmarks.reference import REFERENCES, Comparability, SetFacts
 from eagle_assets.benchmarks.serving_run import SetPass
 from eagle_assets.markdown import table
 
@@ -46,6 +46,18 @@ class SetResult:
     def complete(self) -> bool:
         return self.draft.complete and (self.baseline is None or self.baseline.complete)
 
+    @property
+    def warnings(self) -> dict[str, int]:
+        """Both passes' warnings, message -> answers it applied to."""
+        out = dict(self.draft.warnings)
+        for message, n in (self.baseline.warnings if self.baseline else {}).items():
+            out[message] = out.get(message, 0) + n
+        return out
+
+    def facts(self, max_new_tokens: int) -> SetFacts:
+        """The draft pass as comparability sees it; the baseline counts through ``complete``."""
+        return SetFacts(self.name, self.draft.conversations, len(self.draft.records), max_new_tokens, self.complete)
+
     def summary(self) -> dict[str, Any]:
         t = self.draft.tally
         return {
@@ -64,6 +76,7 @@ class SetResult:
             "baseline_wall_s": _r(None if self.baseline is None else self.baseline.wall_s),
             "speedup": _r(self.speedup),
             "complete": self.complete,
+            "warnings": self.warnings,
         }
 
 
@@ -95,18 +108,18 @@ def results_table(results: Sequence[SetResult], num_steps: int) -> str:
     return table(head, lines)
 
 
-def reference_table(results: Sequence[SetResult], ours_label: str, comparable: bool) -> str:
-    """Our τ per benchmark in the first row, then the published figures (marked reference)."""
+def _reference_source(ref_note: str, questions: dict[str, int]) -> str:
+    counts = "" if questions else "; questions per set not published"
+    return "reference (published)" + (f"; {ref_note}" if ref_note else "") + counts
+
+
+def reference_table(results: Sequence[SetResult], ours_label: str, verdict: Comparability) -> str:
+    """Our τ per benchmark in the first row, with the comparability verdict and its reasons, then the
+    published figures (marked reference)."""
     names = ["mtbench", "gsm8k", "humaneval"]
     ours = {r.name: r.tau for r in results}
     head = ["draft", *(PROMPT_SETS[n].label for n in names), "source"]
-    mark = "this run" if comparable else "this run (settings differ from the reference: not comparable)"
-    lines = [[ours_label, *(_f(ours.get(n)) for n in names), mark]]
+    lines = [[ours_label, *(_f(ours.get(n)) for n in names), f"this run; {verdict.describe()}"]]
     for ref in REFERENCES:
-        cells = [
-            ref.draft,
-            *(_f(ref.tau.get(n)) for n in names),
-            "reference (published)" + (f"; {ref.note}" if ref.note else ""),
-        ]
-        lines.append(cells)
+        lines.append([ref.draft, *(_f(ref.tau.get(n)) for n in names), _reference_source(ref.note, ref.questions)])
     return table(head, lines)

@@ -64,6 +64,14 @@ class ServingRun:
     journal: Path
 
 
+@dataclass
+class PassState:
+    """The set a pass is at, named by a failure: the server may die before the set's first answer (at the
+    cache flush or the counter read), when the last set with answers is the one before."""
+
+    set_name: str = ""
+
+
 class ServingBenchmarkFailed(ServingError):
     def __init__(self, message: str, partial: list[SetResult], journal: Path) -> None:
         super().__init__(message)
@@ -184,11 +192,13 @@ async def _run_sets(
     temperature: float,
     journal: Journal,
     done: list[SetPass],
+    state: PassState,
     log: Log,
 ) -> str:
     pass_name = "draft" if speculative else "baseline"
     version = await check_server(client, plan, speculative)
     for s in sets:
+        state.set_name = s.name
         if isinstance(client, SGLangClient):
             await client.flush_cache()
         before = await client.counters() if speculative and isinstance(client, VLLMClient) else None
@@ -230,6 +240,8 @@ async def _run_sets(
                 f"draft pass, {s.name}: τ {result.tally.tau:.3f} over {result.tally.verifications} verifications, "
                 f"{result.output_tokens} tokens in {result.wall_s:.1f}s"
             )
+        for message, n in result.warnings.items():
+            log(f"warning, {pass_name} pass, {s.name}: {message} ({n} of {len(result.records)} answers)")
     return version
 
 
@@ -260,14 +272,20 @@ def run_serving_benchmark(
     for speculative, done in passes:
         pass_name = "draft" if speculative else "baseline"
         proc: ServerProcess | None = None
+        state = PassState()
         try:
             with engine_server(plan, speculative, run_dir, log) as (url, proc):
                 servers[pass_name] = url + (" (attached)" if proc is None else " (started)")
 
-                async def go(url: str = url, speculative: bool = speculative, done: list[SetPass] = done) -> str:
+                async def go(
+                    url: str = url,
+                    speculative: bool = speculative,
+                    done: list[SetPass] = done,
+                    state: PassState = state,
+                ) -> str:
                     async with make_client(plan, url) as client:
                         return await _run_sets(
-                            client, plan, sets, speculative, render, batch_size, temperature, journal, done, log
+                            client, plan, sets, speculative, render, batch_size, temperature, journal, done, state, log
                         )
 
                 v = asyncio.run(go())
@@ -275,7 +293,7 @@ def run_serving_benchmark(
         except (PassInterrupted, ServingError) as exc:
             cause = exc.cause if isinstance(exc, PassInterrupted) else exc
             answered = sum(len(p.records) for p in draft_passes + baseline_passes)
-            where = f"{pass_name} pass, set {done[-1].set_name}" if done else f"{pass_name} pass"
+            where = f"{pass_name} pass, set {state.set_name}" if state.set_name else f"{pass_name} pass"
             why = ""
             if proc is not None and proc.death_note:
                 why = "\n" + proc.death_note

@@ -59,6 +59,11 @@ class SetPass:
     wall_s: float = 0.0
     tally: AcceptanceTally | None = None
     complete: bool = True
+    warnings: dict[str, int] = field(default_factory=dict)  # message -> answers it applied to
+
+    def note(self, messages: Sequence[str]) -> None:
+        for m in messages:
+            self.warnings[m] = self.warnings.get(m, 0) + 1
 
     @property
     def output_tokens(self) -> int:
@@ -138,6 +143,7 @@ async def run_pass(
                 result.records.append(record)
                 if tally is not None:
                     result.tally = tally if result.tally is None else result.tally + tally
+                result.note(answer.warnings)
                 if progress is not None:
                     progress(len(result.records), total)
                 answers.append(answer.text)

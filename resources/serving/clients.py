@@ -16,14 +16,14 @@ the server and can say why it died); an error status raises :class:`EngineRespon
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 
 from eagle_assets.benchmarks.acceptance import AcceptanceTally
 from resources.serving.errors import EngineResponseError, ServerDiedError
-from resources.serving.sglang_meta import completion_tokens, tally_from_meta_info
+from resources.serving.sglang_meta import completion_tokens, meta_info_warnings, tally_from_meta_info
 from resources.serving.vllm_metrics import SpecDecodeCounters
 
 
@@ -34,6 +34,7 @@ class EngineAnswer:
     finish_reason: str
     tally: AcceptanceTally | None  # this request's acceptance (SGLang); None where only the server counts (vLLM)
     meta: dict[str, Any]
+    warnings: list[str] = field(default_factory=list)  # shape differences that leave the counts right
 
 
 def _error_message(body: Any) -> str:
@@ -134,8 +135,9 @@ class SGLangClient(EngineClient):
         reason = finish.get("type", "") if isinstance(finish, dict) else str(finish)
         if reason == "abort":
             raise EngineResponseError(f"sglang aborted the request: {finish}")
-        tally = tally_from_meta_info(meta, self.num_steps, self.num_draft_tokens)
-        return EngineAnswer(str(body.get("text") or ""), completion_tokens(meta), reason, tally, meta)
+        tally = tally_from_meta_info(meta, self.num_steps)
+        notes = meta_info_warnings(meta, self.num_draft_tokens)
+        return EngineAnswer(str(body.get("text") or ""), completion_tokens(meta), reason, tally, meta, notes)
 
 
 class VLLMClient(EngineClient):

@@ -57,6 +57,18 @@ def port_in_use(base_url: str) -> bool:
         return sock.connect_ex((u.hostname or "127.0.0.1", u.port or 80)) == 0
 
 
+def exit_description(code: int) -> str:
+    """``exited with code N``, or the signal that killed it (SGLang's launcher SIGKILLs itself when a
+    scheduler fails, so a refused draft ends in -9, not in an exit code)."""
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"was killed by {name} (exit status {code})"
+    return f"exited with code {code}"
+
+
 class ServerProcess:
     """One engine server that this benchmark started and therefore stops."""
 
@@ -126,7 +138,7 @@ class ServerProcess:
             code = self.proc.poll()
             if code is not None:
                 raise ServerStartError(
-                    f"{self.name} exited with code {code} before it was healthy (log {self.log_path}); "
+                    f"{self.name} {exit_description(code)} before it was healthy (log {self.log_path}); "
                     f"last lines:\n{log_tail(self.log_path)}"
                 )
             last = health_status(self.health_url)
@@ -160,7 +172,7 @@ class ServerProcess:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(5)  # a server that drops its connections as it crashes is a moment from exiting
         code = self.proc.poll()
-        state = f"exited with code {code}" if code is not None else f"still running (pid {self.proc.pid})"
+        state = exit_description(code) if code is not None else f"still running (pid {self.proc.pid})"
         return f"{self.name} {state}; log {self.log_path}, last lines:\n{log_tail(self.log_path)}"
 
     def stop(self, grace_s: float = 30.0) -> int | None:

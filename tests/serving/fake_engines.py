@@ -19,10 +19,12 @@ What they answer, taken from the engines' sources (see ``resources/serving/sglan
   ``model_name``/``engine`` labels), ``POST /v1/completions`` with a token-id prompt.
 
 Both load the draft folder at start as the engine would (``tests/draft/engine_loaders.py``, the
-project's re-implementation of both loaders) and exit with an error when it is refused, before
-listening. Behaviour is set by ``$EAGLE_FORGE_FAKE_ENGINE`` (JSON of :class:`FakeBehaviour`): the
-acceptance probability of each draft position (conditional on the earlier ones), a death after N
-requests, the time of one decode step, a slow start.
+project's re-implementation of both loaders) and, when it is refused, stop before listening the way
+each engine stops: SGLang's scheduler prints its traceback and the launcher kills its own process tree
+(SIGKILL), vLLM exits with 1. Behaviour is set by ``$EAGLE_FORGE_FAKE_ENGINE`` (JSON of
+:class:`FakeBehaviour`): the acceptance probability of each draft position (conditional on the earlier
+ones), a death after N generations or at the Nth request to a path, the time of one decode step, a slow
+start, an SGLang that counts proposed drafts otherwise.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import hashlib
 import json
 import os
 import random
+import signal
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -56,6 +59,8 @@ class FakeBehaviour:
     starting_s: float = 0.0  # port bound, /health answers 503 (SGLang's ServerStatus.Starting)
     stop_probability: float = 0.0  # chance an answer ends early with EOS instead of at max tokens
     seed: int = 0
+    die_at: dict[str, int] = field(default_factory=dict)  # os._exit on the Nth request to this path (1-based)
+    proposed_per_verification: int | None = None  # SGLang: a release that counts proposals otherwise
 
     @classmethod
     def from_env(cls) -> FakeBehaviour:
@@ -103,6 +108,27 @@ async def decode(prompt: list[int], max_new: int, steps: int, b: FakeBehaviour) 
     return Decoded(ids, text, finish, histogram, forwards)
 
 
+def _refuse_as_sglang(exc: Exception, draft: str) -> None:
+    """SGLang loads weights in its scheduler process (``[TP0]``): the scheduler prints the traceback and
+    SIGQUITs the launcher, whose ``launch_phase_sigquit_handler`` logs and ``kill_process_tree``s itself
+    (SIGKILL, so the launcher's exit status is -9, not 1)."""
+    print("[TP0] Scheduler hit an exception: Traceback (most recent call last):", file=sys.stderr)
+    print('  File "sglang/srt/managers/scheduler.py", in run_scheduler_process', file=sys.stderr)
+    print('  File "sglang/srt/models/llama_eagle3.py", in load_weights', file=sys.stderr)
+    print(f"{type(exc).__name__}: draft model {draft} could not be loaded: {exc}", file=sys.stderr)
+    print("Received sigquit from a child process. It usually means the child failed.", file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _refuse_as_vllm(exc: Exception, draft: str) -> None:
+    """vLLM's engine core fails its start and the API server exits with 1."""
+    print("Traceback (most recent call last):", file=sys.stderr)
+    print('  File "vllm/model_executor/model_loader/default_loader.py", in load_weights', file=sys.stderr)
+    print(f"{type(exc).__name__}: draft model {draft} could not be loaded: {exc}", file=sys.stderr)
+    print("RuntimeError: Engine core initialization failed. See root cause above.", file=sys.stderr, flush=True)
+    sys.exit(1)
+
+
 def _check_draft(draft: str | None, model: str, engine: str) -> None:
     """Load the draft as the engine would; exit as the engine exits when it refuses it."""
     if draft is None:
@@ -113,10 +139,7 @@ def _check_draft(draft: str | None, model: str, engine: str) -> None:
         cfg = json.loads((Path(model) / "config.json").read_text())
         load_folder(draft, engine, int(cfg["num_hidden_layers"]))
     except (OSError, KeyError, ValueError, EngineLoadError) as exc:
-        print("Traceback (most recent call last):", file=sys.stderr)
-        print(f'  File "{engine}/model_loader.py", in load_weights', file=sys.stderr)
-        print(f"{type(exc).__name__}: draft model {draft} could not be loaded: {exc}", file=sys.stderr, flush=True)
-        sys.exit(1)
+        (_refuse_as_sglang if engine == "sglang" else _refuse_as_vllm)(exc, draft)
 
 
 class Server:
@@ -124,6 +147,7 @@ class Server:
         self.b = behaviour
         self.started = time.monotonic()
         self.generations = 0
+        self.calls: dict[str, int] = {}
 
     def starting(self) -> bool:
         return time.monotonic() - self.started < self.b.starting_s
@@ -136,6 +160,16 @@ class Server:
 
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(status=503 if self.starting() else 200)
+
+    @web.middleware
+    async def dying(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """``die_at``: crash on the Nth request to a path, as a server that dies between two sets would."""
+        n = self.calls[request.path] = self.calls.get(request.path, 0) + 1
+        if self.b.die_at.get(request.path) == n:
+            print(f"fatal: simulated crash at request {n} to {request.path}", file=sys.stderr, flush=True)
+            os._exit(3)
+        response: web.StreamResponse = await handler(request)
+        return response
 
 
 class FakeSGLang(Server):
@@ -201,9 +235,10 @@ class FakeSGLang(Server):
         if self.spec and d.steps:
             n = self.args.speculative_num_draft_tokens
             correct = sum(k * c for k, c in enumerate(d.histogram))
-            proposed = d.steps * (n - 1)
+            per_verification = self.b.proposed_per_verification
+            proposed = d.steps * (n - 1 if per_verification is None else per_verification)
             meta.update(
-                spec_accept_rate=correct / proposed,
+                spec_accept_rate=correct / (d.steps * (n - 1)),
                 spec_accept_length=len(d.output_ids) / d.steps,
                 spec_num_correct_drafts=correct,
                 spec_num_proposed_drafts=proposed,
@@ -218,7 +253,7 @@ class FakeSGLang(Server):
         return web.json_response({"text": d.text, "output_ids": d.output_ids, "meta_info": meta})
 
     def app(self) -> web.Application:
-        app = web.Application()
+        app = web.Application(middlewares=[self.dying])
         app.router.add_get("/health", self.health)
         app.router.add_get("/health_generate", self.health)
         app.router.add_get("/get_server_info", self.server_info)
@@ -341,7 +376,7 @@ class FakeVLLM(Server):
         )
 
     def app(self) -> web.Application:
-        app = web.Application()
+        app = web.Application(middlewares=[self.dying])
         app.router.add_get("/health", self.health)
         app.router.add_get("/version", self.version)
         app.router.add_get("/v1/models", self.models)

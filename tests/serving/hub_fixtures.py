@@ -4,8 +4,10 @@ Each repo has a dataset card with the ``configs:`` block its Hub page declares a
 the set's columns: ``openai/gsm8k`` (config ``main``: ``question``, ``answer``), ``openai/openai_humaneval``
 (config ``openai_humaneval``: ``task_id``, ``prompt``, ``canonical_solution``, ``test``, ``entry_point``),
 ``HuggingFaceH4/mt_bench_prompts`` (``prompt`` as the two turns, ``prompt_id``, ``category``,
-``reference``). The GSM8K and HumanEval repos answer at the commits the benchmark pins; MT-Bench's at
-``main``. The rows are ours, a few per set.
+``reference``). Each repo answers at the commit the benchmark pins; MT-Bench's ``main`` has moved on
+since (a later commit with other questions, as a branch does), so a benchmark that read the branch
+instead of the pin would show it. The rows are ours, a few per set; GSM8K has five more, its few-shot
+examples.
 """
 
 import io
@@ -34,10 +36,34 @@ def _pinned(repo_id: str, sha: str, files: dict[str, bytes]) -> FakeDatasetRepo:
     return repo
 
 
+GSM8K_SHOTS = 5
+
+
+def mtbench_rows(n: int, topic: str = "the number") -> list[dict]:
+    return [
+        {
+            "prompt": [f"Write a short poem about {topic} {i}.", "Now rewrite it for a child."],
+            "prompt_id": 1000 + i,
+            "category": "writing",
+            "reference": [],
+        }
+        for i in range(n)
+    ]
+
+
+def _mtbench_files(rows: list[dict]) -> dict[str, bytes]:
+    return {
+        "README.md": _card("- config_name: default\n  data_files:\n  - split: train\n    path: data/train-*\n"),
+        "data/train-00000-of-00001-5bf7ea9ab2b9a9c0.parquet": _parquet(rows),
+        "raw/question.jsonl": b'{"question_id": 81, "category": "writing", "turns": ["a", "b"]}\n',
+    }
+
+
 def benchmark_repos(n: int = 6) -> list[FakeDatasetRepo]:
+    """``n`` questions per set (GSM8K: ``n`` after its five examples)."""
     gsm8k = [
         {"question": f"Tom has {i} apples and buys 2. How many?", "answer": f"{i}+2={i + 2}\n#### {i + 2}"}
-        for i in range(n)
+        for i in range(GSM8K_SHOTS + n)
     ]
     humaneval = [
         {
@@ -46,15 +72,6 @@ def benchmark_repos(n: int = 6) -> list[FakeDatasetRepo]:
             "canonical_solution": f"    return x + {i}\n",
             "test": f"def check(candidate):\n    assert candidate(1) == {i + 1}\n",
             "entry_point": f"f{i}",
-        }
-        for i in range(n)
-    ]
-    mtbench = [
-        {
-            "prompt": [f"Write a short poem about the number {i}.", "Now rewrite it for a child."],
-            "prompt_id": 1000 + i,
-            "category": "writing",
-            "reference": [],
         }
         for i in range(n)
     ]
@@ -85,12 +102,8 @@ def benchmark_repos(n: int = 6) -> list[FakeDatasetRepo]:
             "openai_humaneval/test-00000-of-00001.parquet": _parquet(humaneval),
         },
     )
-    mt = FakeDatasetRepo(PROMPT_SETS["mtbench"].hub.repo_id)  # type: ignore[union-attr]
-    mt.commit(
-        {
-            "README.md": _card("- config_name: default\n  data_files:\n  - split: train\n    path: data/train-*\n"),
-            "data/train-00000-of-00001-5bf7ea9ab2b9a9c0.parquet": _parquet(mtbench),
-            "raw/question.jsonl": b'{"question_id": 81, "category": "writing", "turns": ["a", "b"]}\n',
-        }
-    )
+    m = PROMPT_SETS["mtbench"].hub
+    assert m is not None
+    mt = _pinned(m.repo_id, m.revision, _mtbench_files(mtbench_rows(n)))
+    mt.commit(_mtbench_files(mtbench_rows(n + 1, "the moved branch")))  # main, after the pinned commit
     return [gsm, he, mt]

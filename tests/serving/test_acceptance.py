@@ -13,7 +13,7 @@ from eagle_assets.benchmarks.acceptance import (
 )
 from resources.serving.errors import EngineResponseError, SpeculationMissing
 from resources.serving.prometheus import MetricsFormatError, matching, parse_metrics
-from resources.serving.sglang_meta import tally_from_meta_info
+from resources.serving.sglang_meta import meta_info_warnings, tally_from_meta_info
 from resources.serving.vllm_metrics import SpecDecodeCounters
 from tests.serving.fake_engines import vllm_metrics_text
 
@@ -41,11 +41,11 @@ def sglang_meta(completion, verify, histogram, draft_tokens=4):
 
 def test_sglang_tau_is_completion_over_verifications_summed_over_requests():
     # request 1: 10 verifications accepting 0,1,2,3 drafts [1, 2, 3, 4] times -> 20 accepted, 1 prefill token.
-    a = tally_from_meta_info(sglang_meta(31, 10, [1, 2, 3, 4]), num_steps=3, num_draft_tokens=4)
+    a = tally_from_meta_info(sglang_meta(31, 10, [1, 2, 3, 4]), num_steps=3)
     assert a.tau == pytest.approx(3.1) and a.accepted == 20
     assert a.reached == [9, 7, 4] and a.position_rates == pytest.approx([0.9, 0.7, 0.4])
     # request 2: a short histogram (SGLang grows it on demand) pads with zeros.
-    b = tally_from_meta_info(sglang_meta(7, 5, [3, 2]), num_steps=3, num_draft_tokens=4)
+    b = tally_from_meta_info(sglang_meta(7, 5, [3, 2]), num_steps=3)
     assert b.reached == [2, 0, 0]
     total = sum_tallies([a, b], 3, "output_per_verification")
     assert total.tau == pytest.approx(38 / 15)  # SpecForge: sum(completion_tokens) / sum(spec_verify_ct)
@@ -54,23 +54,32 @@ def test_sglang_tau_is_completion_over_verifications_summed_over_requests():
 
 
 def test_sglang_older_release_without_histogram_keeps_tau_but_no_positions():
-    t = tally_from_meta_info({"completion_tokens": 40, "spec_verify_ct": 16}, 3, 4)
+    t = tally_from_meta_info({"completion_tokens": 40, "spec_verify_ct": 16}, 3)
     assert t.tau == 2.5 and t.position_rates is None and t.accepted is None
     # a request answered from prefill alone has no verification, and no speculative fields at all
-    assert tally_from_meta_info({"completion_tokens": 1}, 3, 4).verifications == 0
+    assert tally_from_meta_info({"completion_tokens": 1}, 3).verifications == 0
 
 
 def test_sglang_answers_that_cannot_be_right_fail_loudly():
-    with pytest.raises(SpeculationMissing, match="--speculative-num-draft-tokens 4"):
-        tally_from_meta_info(sglang_meta(31, 10, [1, 2, 3, 4], draft_tokens=6), 3, 4)
     with pytest.raises(EngineResponseError, match="counts 9 verifications, not 10"):
-        tally_from_meta_info({**sglang_meta(31, 10, [1, 2, 3, 4]), "spec_correct_drafts_histogram": [1, 2, 2, 4]}, 3, 4)
+        tally_from_meta_info({**sglang_meta(31, 10, [1, 2, 3, 4]), "spec_correct_drafts_histogram": [1, 2, 2, 4]}, 3)
     with pytest.raises(EngineResponseError, match="no completion_tokens"):
-        tally_from_meta_info({"spec_verify_ct": 3}, 3, 4)
+        tally_from_meta_info({"spec_verify_ct": 3}, 3)
     with pytest.raises(EngineResponseError, match="not a count"):
-        tally_from_meta_info({"completion_tokens": -1}, 3, 4)
+        tally_from_meta_info({"completion_tokens": -1}, 3)
     with pytest.raises(AcceptanceError, match="more than 3 drafts"):
         reached_from_histogram([0, 0, 0, 0, 1], 3)
+
+
+def test_a_proposed_count_other_than_verifications_times_draft_tokens_is_a_warning_not_a_failure():
+    """A newer SGLang may count proposals otherwise; τ and the positions do not depend on that count."""
+    meta = sglang_meta(31, 10, [1, 2, 3, 4], draft_tokens=6)  # 50 proposed in 10 verifications
+    t = tally_from_meta_info(meta, 3)
+    assert t.tau == pytest.approx(3.1) and t.reached == [9, 7, 4]
+    (note,) = meta_info_warnings(meta, num_draft_tokens=4)
+    assert "spec_num_proposed_drafts is not spec_verify_ct × 3" in note
+    assert meta_info_warnings(sglang_meta(31, 10, [1, 2, 3, 4]), 4) == []
+    assert meta_info_warnings({"completion_tokens": 40, "spec_verify_ct": 16}, 4) == []  # v0.4: no count at all
 
 
 def test_in_process_rounds_give_the_same_definition_as_vllm():

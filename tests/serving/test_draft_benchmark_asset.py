@@ -23,6 +23,11 @@ def forge_home(tmp_path, monkeypatch):
     return tmp_path / "home"
 
 
+def _plot_title(markdown_image: str) -> str:
+    """The alt text of a Markdown image, which is the plot's title."""
+    return markdown_image[2 : markdown_image.index("](")]
+
+
 def serving(engine, target_model, **kw):
     return ServingEngineResource(
         backend=engine, model_path=str(target_model), tp_size=1, launcher=FAKE_LAUNCHER[engine], health_poll_s=0.2, **kw
@@ -65,6 +70,7 @@ def test_every_set_from_the_hub_through_sglang_with_settings_and_reference(
     assert ours[1:4] == [f"{rows[s]['tau']:.3f}" for s in ("mtbench", "gsm8k", "humaneval")]
     sources = md["settings"].value["sources"]
     assert sources["gsm8k"].startswith("openai/gsm8k@e53f048856ff4f594e959d75785d2c2d37b678ee")
+    assert sources["mtbench"].startswith("HuggingFaceH4/mt_bench_prompts@e3a795c5e9a82ee40611c416b8a7786c73198991")
     assert md["settings"].value["thinking"] is False
     assert md["settings"].value["max_new_tokens"] == {"mtbench": 24, "gsm8k": 24, "humaneval": 24, "heldout": 24}
     assert rows["heldout"]["tau_definition"] == "output_per_verification" and rows["mtbench"]["complete"]
@@ -74,8 +80,26 @@ def test_every_set_from_the_hub_through_sglang_with_settings_and_reference(
     assert "MT-Bench" in md["acceptance"].value and "tok/s without" in md["acceptance"].value
     ref = md["reference"].value
     assert "lightseekorg/kimi-k2.5-eagle3 | 2.687 | 3.201 | 3.285 | reference (published)" in ref
-    assert "this draft (sglang)" in ref and "not comparable" not in ref  # 3/1/4, greedy: the reference settings
+    assert "AQ-MedAI Kimi-K2 (SpecBundle) | 2.390 | 3.270 | 3.360 | reference (published); questions per set not" in ref
+    # 3/1/4 and greedy, but 2 questions of 24 tokens: never to be read against the published figures
+    ours = next(line for line in ref.splitlines() if line.startswith("| this draft (sglang)"))
+    assert "this run; not comparable: " in ours
+    for why in (
+        "2 of the 80 MT-Bench questions",
+        "MT-Bench max_new_tokens 24, not 2048",
+        "3 of the 500 GSM8K questions",
+        "2 of the 164 HumanEval questions",
+        "HumanEval max_new_tokens 24, not 1024",
+    ):
+        assert why in ours and why in md["comparability"].value
+    assert "held-out" not in md["comparability"].value  # no published figure: not judged
+    assert "whether the target was thinking (this run: thinking off)" in ours  # no reference says
+    assert md["comparable"].value is False
+    assert "not comparable: 2 of the 80 MT-Bench questions (+" in _plot_title(md["acceptance_plot"].value)
     assert md["acceptance_plot"].value.startswith("![") and "data:image/png;base64," in md["per_position_plot"].value
+    assert _plot_title(md["throughput_plot"].value) == "output tokens/s, sglang 3/1/4, batch 2"
+    assert md["tokens_per_s_gsm8k"].value == pytest.approx(rows["gsm8k"]["tokens_per_s"], abs=0.01)
+    assert md["warnings"].value == {}
     s = md["settings"].value
     assert (s["backend"], s["num_steps"], s["eagle_topk"], s["num_draft_tokens"], s["batch_size"]) == (
         "sglang",

@@ -195,23 +195,85 @@ def test_a_server_dying_mid_run_fails_loudly_and_keeps_what_was_answered(
     assert len(partial.draft.records) == 5 and not partial.complete and partial.tau is not None
 
 
+@pytest.mark.parametrize(
+    ("engine", "death", "engine_words"),
+    [
+        ("vllm", "exited with code 1 before it was healthy", "Engine core initialization failed"),
+        # SGLang's launcher kills its own process tree when the scheduler fails: a signal, not an exit code
+        ("sglang", "was killed by SIGKILL (exit status -9) before it was healthy", "Scheduler hit an exception"),
+    ],
+)
 def test_a_refused_draft_folder_stops_the_start_with_the_engines_words(
-    tmp_path, draft_export, target_model, fake_behaviour
+    tmp_path, draft_export, target_model, fake_behaviour, engine, death, engine_words
 ):
     broken = tmp_path / "export"
     shutil.copytree(draft_export, broken)
     cfg = json.loads((broken / "config.json").read_text())
     cfg["hidden_size"] = cfg["hidden_size"] * 2  # the weights no longer fit the declared geometry
     (broken / "config.json").write_text(json.dumps(cfg))
-    resource = ServingEngineResource(backend="vllm", tp_size=1, launcher=FAKE_LAUNCHER["vllm"], health_poll_s=0.2)
+    resource = ServingEngineResource(backend=engine, tp_size=1, launcher=FAKE_LAUNCHER[engine], health_poll_s=0.2)
     plan = resource.plan(SPEC, broken, target_model, batch_size=1)
     with pytest.raises(ServingBenchmarkFailed) as err:
         run_serving_benchmark(
             plan, sets(), render, batch_size=1, temperature=0.0, run_dir=tmp_path / "r", log=lambda m: None
         )
     msg = str(err.value)
-    assert "exited with code 1 before it was healthy" in msg and "could not be loaded" in msg
-    assert "0 requests were answered" in msg
+    assert death in msg and "could not be loaded" in msg and engine_words in msg
+    assert "in the draft pass:" in msg and "0 requests were answered" in msg
+    assert err.value.partial == []
+
+
+@pytest.mark.parametrize(
+    ("engine", "die_at"),
+    [
+        ("sglang", {"/flush_cache": 2}),  # the cache flush before the second set
+        ("vllm", {"/metrics": 4}),  # the server check, before and after the first set, then before the second
+    ],
+)
+def test_a_server_dying_before_a_sets_first_answer_names_that_set(
+    tmp_path, draft_export, target_model, fake_behaviour, engine, die_at
+):
+    fake_behaviour(die_at=die_at, step_time_s=0.001)
+    resource = ServingEngineResource(
+        backend=engine, tp_size=1, launcher=FAKE_LAUNCHER[engine], health_poll_s=0.2, startup_timeout_s=60
+    )
+    plan = resource.plan(SPEC, draft_export, target_model, batch_size=2)
+    with pytest.raises(ServingBenchmarkFailed) as err:
+        run_serving_benchmark(plan, sets(), render, batch_size=2, temperature=0.0, run_dir=tmp_path, log=lambda m: None)
+    msg = str(err.value)
+    assert f"{engine} benchmark failed in the draft pass, set heldout:" in msg
+    assert "6 requests were answered" in msg and "exited with code 3" in msg
+    (mtbench,) = err.value.partial  # the set before, complete and kept
+    assert mtbench.name == "mtbench" and mtbench.complete and len(mtbench.draft.records) == 6
+
+
+def test_an_sglang_that_counts_proposed_drafts_otherwise_is_recorded_not_refused(
+    tmp_path, draft_export, target_model, fake_behaviour
+):
+    fake_behaviour(proposed_per_verification=7, step_time_s=0.001)
+    resource = ServingEngineResource(
+        backend="sglang",
+        tp_size=1,
+        launcher=FAKE_LAUNCHER["sglang"],
+        health_poll_s=0.2,
+        startup_timeout_s=60,
+        run_baseline=False,
+    )
+    lines: list[str] = []
+    run = run_serving_benchmark(
+        resource.plan(SPEC, draft_export, target_model, batch_size=2),
+        sets(),
+        render,
+        batch_size=2,
+        temperature=0.0,
+        run_dir=tmp_path,
+        log=lines.append,
+    )
+    mt = run.results[0]
+    assert mt.tau == pytest.approx(EXPECTED_TAU, abs=0.35) and mt.complete
+    ((message, count),) = mt.summary()["warnings"].items()
+    assert "spec_num_proposed_drafts is not spec_verify_ct × 3" in message and count == 6  # every answer
+    assert any(line.startswith("warning, draft pass, mtbench: spec_num_proposed_drafts") for line in lines)
 
 
 def test_a_server_that_never_gets_healthy_is_stopped_at_the_timeout(tmp_path, target_model, fake_behaviour):

@@ -37,12 +37,19 @@ def test_mtbench_both_layouts_two_turns_with_specforges_system_prompt():
     assert len(conversations_from_rows("mtbench", MTBENCH_H4, 1)) == 1
 
 
-def test_gsm8k_first_n_with_a_five_shot_prefix_and_humaneval_stubs():
+def test_gsm8k_asks_the_rows_after_its_five_shot_examples_and_humaneval_stubs():
     convs = conversations_from_rows("gsm8k", GSM8K, 3)
-    assert len(convs) == 3
+    assert [c.id for c in convs] == ["gsm8k-5", "gsm8k-6", "gsm8k-7"]
     text = convs[2].user_turns[0]
     assert text.startswith("Question: Q0?\nAnswer: step 0\n#### 0\n\n") and "Question: Q4?" in text
-    assert "Question: Q5?" not in text and text.endswith("Question: Q2?\nAnswer:")
+    assert "Question: Q5?" not in text and text.endswith("Question: Q7?\nAnswer:")
+    # no question is asked with its own answer among the examples
+    for c in convs:
+        asked = c.user_turns[0].rsplit("Question: ", 1)[1]
+        assert c.user_turns[0].count(f"Question: {asked.removesuffix(chr(10) + 'Answer:')}") == 1
+    assert len(conversations_from_rows("gsm8k", GSM8K, 200)) == 3  # what is left after the examples
+    with pytest.raises(PromptSetError, match="5 rows, but its 5-shot prompt takes 5"):
+        conversations_from_rows("gsm8k", GSM8K[:5], 3)
     (he,) = conversations_from_rows("humaneval", HUMANEVAL, 164)
     assert he.id == "HumanEval/0" and he.user_turns == ["def add(a, b):\n"] and he.system is None
 
