@@ -30,24 +30,34 @@ they are looked up later, by any process (``eagle_assets.generation.settlement``
 the provisional charge is replaced by the actual cost (``resolve_uncertain``) or kept for good
 (``write_off_uncertain``). This table is plain portable SQL, shared like the rest of the ledger.
 
+The account's settings live here too (``account``): the dollar budget and the in-flight cap, set by the
+first run that opens the ledger with them. Every host reads its own configuration, so a pod configured
+differently from the others would otherwise split the budget or the cap without a word: a run whose
+settings disagree with a live run's is refused (``AccountSettingsConflict``) naming both values. A change
+(a budget raised after a top-up) is taken once no live run holds the old values, and recorded with who
+made it and when (``account_changes``).
+
 Where the tables live is one setting (``ledger_db``): a SQLite file, the embedded default, or a
 PostgreSQL database shared by several hosts. Death is judged by a heartbeat lease on the database's
 clock (``liveness``), with a pid check only within one pid space: a dead host's slots come back once
 its lease expires, and its open reservations are then charged at their worst case.
 """
 
+import functools
+import logging
 import os
+import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
 import psutil
 
-from eagle_assets.errors import LeaseLost
+from eagle_assets.errors import ConfigError, LeaseLost
 from eagle_assets.generation.admission import (
     AdmissionPolicy,
     LengthModel,
@@ -90,6 +100,12 @@ CREATE TABLE IF NOT EXISTS uncertain (
   generation_id TEXT PRIMARY KEY, spend_id TEXT NOT NULL, dataset TEXT NOT NULL, partition TEXT NOT NULL,
   prompt_id TEXT NOT NULL, provisional_usd INTEGER NOT NULL, charged_at REAL NOT NULL,
   lookups INTEGER NOT NULL DEFAULT 0, next_lookup REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS account (
+  id INTEGER PRIMARY KEY, budget_usd INTEGER NOT NULL, max_in_flight INTEGER NOT NULL,
+  set_by TEXT NOT NULL, set_host TEXT NOT NULL, set_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS account_changes (
+  at REAL NOT NULL, owner TEXT NOT NULL, host TEXT NOT NULL, budget_before INTEGER, budget_after INTEGER NOT NULL,
+  max_in_flight_before INTEGER, max_in_flight_after INTEGER NOT NULL);
 CREATE INDEX IF NOT EXISTS reservations_owner ON reservations(owner);
 CREATE INDEX IF NOT EXISTS uncertain_due ON uncertain(next_lookup);
 CREATE INDEX IF NOT EXISTS spend_partition ON spend(partition, kind);
@@ -120,14 +136,20 @@ _ADDED_COLUMNS = {
         "model": "TEXT NOT NULL DEFAULT ''",
     },
     # Owners of an older ledger have no lease (host ''): they are judged by their pid, as they were.
+    # budget_usd, max_in_flight: the account settings a spending owner runs with (NULL: one that only reads).
     "owners": {
         "host": "TEXT NOT NULL DEFAULT ''",
         "heartbeat": "REAL NOT NULL DEFAULT 0",
         "lease_s": "REAL NOT NULL DEFAULT 0",
+        "budget_usd": "INTEGER DEFAULT NULL",
+        "max_in_flight": "INTEGER DEFAULT NULL",
     },
 }
 
+log = logging.getLogger(__name__)
+
 GLOBAL = "global"
+ACCOUNT_ROW = 1  # the account table holds one row
 NANO = 1_000_000_000  # money is stored in integer nano-dollars: sums of floats drift, budgets must not
 DEAD_OWNER_CHECK_S = 5.0
 
@@ -138,6 +160,25 @@ def _n(usd: float) -> int:
 
 def _scope(dataset: str) -> str:
     return f"dataset:{dataset}"
+
+
+@dataclass(frozen=True)
+class AccountSettings:
+    """What one account allows, whichever host spends from it: the dollar budget and the in-flight cap."""
+
+    budget_usd: float
+    max_in_flight: int
+
+    def describe(self) -> str:
+        return f"budget_usd ${self.budget_usd:,.2f}, max_in_flight {self.max_in_flight:,}"
+
+    def same_as(self, other: "AccountSettings") -> bool:
+        return _n(self.budget_usd) == _n(other.budget_usd) and self.max_in_flight == other.max_in_flight
+
+
+class AccountSettingsConflict(ConfigError, ValueError):
+    """This run's budget or in-flight cap is not the one the live runs on the same ledger hold: run with theirs
+    (every host configured alike) or wait for them to finish before changing it."""
 
 
 @dataclass(frozen=True)
@@ -306,6 +347,45 @@ def longest_fit(n: int, check: Callable[[int], Denial | None]) -> tuple[int, Den
     return lo, denial
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
+_running = threading.local()  # whether this thread is inside a ledger method already (the outermost retries)
+
+
+def _reconnecting(
+    idempotent: bool,
+) -> Callable[[Callable[Concatenate["BudgetLedger", P], R]], Callable[Concatenate["BudgetLedger", P], R]]:
+    """Run the method again on a new connection when the connection broke under it (``LedgerDatabase.retrying``).
+
+    ``idempotent``: running it twice writes what running it once does (settling skips what is closed, updates
+    set values), so even a commit that may have happened is safe to repeat; the others (a reservation, a
+    spend row) are repeated only when they certainly did not commit. Arguments that are iterators are read
+    into lists first, so that a second run sees them whole.
+    """
+
+    def wrap(method: Callable[Concatenate["BudgetLedger", P], R]) -> Callable[Concatenate["BudgetLedger", P], R]:
+        @functools.wraps(method)
+        def run(self: "BudgetLedger", *args: P.args, **kwargs: P.kwargs) -> R:
+            if getattr(_running, "inside", False):
+                return method(self, *args, **kwargs)
+            whole = [list(a) if isinstance(a, Iterator) else a for a in args]
+            named = {k: list(v) if isinstance(v, Iterator) else v for k, v in kwargs.items()}
+            call = cast(Callable[..., R], method)
+
+            def once() -> R:
+                _running.inside = True
+                try:
+                    return call(self, *whole, **named)
+                finally:
+                    _running.inside = False
+
+            return self.db.retrying(once, idempotent=idempotent, what=f"ledger.{method.__name__}")
+
+        return run
+
+    return wrap
+
+
 class LedgerLeaseLost(LeaseLost, RuntimeError):
     """This process's owner lease lapsed and another process charged what it had open: it must stop."""
 
@@ -316,6 +396,9 @@ class BudgetLedger:
     ``location``: a SQLite path (or ``sqlite:///path``) or a ``postgresql://`` URL (``ledger_db``).
     ``lease_s``: how long this owner counts as alive without a heartbeat (``EAGLE_FORGE_LEASE_S``, 30 s);
     a thread renews it every ``lease_s / 6``.
+    ``account``: the budget and in-flight cap this process spends under (a run); checked against the live
+    runs' and recorded (``AccountSettingsConflict`` on a disagreement). None: a process that only reads or
+    settles (the plan, an observer), which neither sets nor checks them.
     """
 
     def __init__(
@@ -324,38 +407,162 @@ class BudgetLedger:
         owner: str | None = None,
         policy: AdmissionPolicy | None = None,
         lease_s: float | None = None,
+        account: AccountSettings | None = None,
     ) -> None:
         self.db: LedgerDatabase = open_database(location)
         self.location = self.db.description
         self.policy = policy or AdmissionPolicy()
         self.lease_s = lease_s or lease_seconds()
         self.host = host_id()
-        self.db.create_schema(SCHEMA, _ADDED_COLUMNS, INDEXES)
+        self.account = account
+        self.account_change: str | None = None  # what this owner changed in the account's settings, if anything
         self.owner = owner or f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
-        proc = psutil.Process()
-        with self._tx() as cur:
-            cur.execute(
-                "INSERT INTO owners (owner, pid, create_time, started, host, heartbeat, lease_s)"
-                f" VALUES (?,?,?,?,?,{self.db.now_sql},?) ON CONFLICT(owner) DO UPDATE SET pid = excluded.pid,"
-                " create_time = excluded.create_time, started = excluded.started, host = excluded.host,"
-                " heartbeat = excluded.heartbeat, lease_s = excluded.lease_s",
-                (self.owner, proc.pid, proc.create_time(), time.time(), self.host, self.lease_s),
-            )
+        try:
+            self.db.create_schema(SCHEMA, _ADDED_COLUMNS, INDEXES)
+            self._register()
+        except BaseException:
+            self.db.close()
+            raise
         self._last_dead_check = time.monotonic()
         self._model_cache: tuple[tuple[Moments, int, AdmissionPolicy], LengthModel | None] | None = None
         self._beat_db = self.db.another()
         self.heartbeat = Heartbeat(self._beat, interval_s=self.lease_s / 6)
         self.recover_dead_owners()
 
+    @_reconnecting(idempotent=True)
+    def _register(self) -> None:
+        """Record this owner with its lease (and its account settings, once they agree with the live runs')."""
+        proc = psutil.Process()
+        with self._tx() as cur:
+            if self.account is not None:
+                self.account_change = self._settle_account(cur, self.account)
+            budget = None if self.account is None else _n(self.account.budget_usd)
+            cap = None if self.account is None else self.account.max_in_flight
+            cur.execute(
+                "INSERT INTO owners (owner, pid, create_time, started, host, heartbeat, lease_s, budget_usd,"
+                f" max_in_flight) VALUES (?,?,?,?,?,{self.db.now_sql},?,?,?) ON CONFLICT(owner) DO UPDATE SET"
+                " pid = excluded.pid, create_time = excluded.create_time, started = excluded.started,"
+                " host = excluded.host, heartbeat = excluded.heartbeat, lease_s = excluded.lease_s,"
+                " budget_usd = excluded.budget_usd, max_in_flight = excluded.max_in_flight",
+                (self.owner, proc.pid, proc.create_time(), time.time(), self.host, self.lease_s, budget, cap),
+            )
+        if self.account_change:
+            log.warning(self.account_change)
+
+    # --- the account's settings -----------------------------------------------------------
+    def _settle_account(self, cur: Cursor, mine: AccountSettings) -> str | None:
+        """Check ``mine`` against the live runs' settings and record it; returns what changed, if anything.
+
+        A live run (its lease current) that spends under other settings refuses this one: two pods configured
+        apart would each hold their own budget and cap. With no such run, settings that differ from the
+        recorded ones are a change made on purpose (a budget raised after a top-up): taken, and kept in
+        ``account_changes`` with who made it and when.
+        """
+        recorded = self._account_row(cur)
+        if recorded is not None and recorded[0].same_as(mine):
+            return None
+        others = self._live_spenders(cur)
+        differ = [(who, theirs) for who, theirs in others if not theirs.same_as(mine)]
+        if differ:
+            (who, theirs), more = differ[0], len(differ) - 1
+            raise AccountSettingsConflict(
+                f"this run's account settings ({mine.describe()}) disagree with those of the live run {who}"
+                f"{f' and {more} more' if more else ''} ({theirs.describe()}) on the ledger {self.location}."
+                " Every host spends from one account: configure the same budget_usd and max_in_flight everywhere"
+                " (EAGLE_FORGE_BUDGET_USD, EAGLE_FORGE_MAX_IN_FLIGHT, or the openrouter resource's fields), or"
+                " wait for the live runs to finish before changing them."
+            )
+        before = None if recorded is None else recorded[0]
+        cur.execute(
+            "INSERT INTO account (id, budget_usd, max_in_flight, set_by, set_host, set_at) VALUES (?,?,?,?,?,?)"
+            " ON CONFLICT(id) DO UPDATE SET budget_usd = excluded.budget_usd, max_in_flight ="
+            " excluded.max_in_flight, set_by = excluded.set_by, set_host = excluded.set_host, set_at = excluded.set_at",
+            (ACCOUNT_ROW, _n(mine.budget_usd), mine.max_in_flight, self.owner, self.host, time.time()),
+        )
+        cur.execute(
+            "INSERT INTO account_changes (at, owner, host, budget_before, budget_after, max_in_flight_before,"
+            " max_in_flight_after) VALUES (?,?,?,?,?,?,?)",
+            (
+                time.time(),
+                self.owner,
+                self.host,
+                None if before is None else _n(before.budget_usd),
+                _n(mine.budget_usd),
+                None if before is None else before.max_in_flight,
+                mine.max_in_flight,
+            ),
+        )
+        if before is None:
+            return None  # the first settings of this ledger: nothing changed
+        return (
+            f"account settings changed on the ledger {self.location}: {before.describe()} (set by"
+            f" {recorded[1] if recorded else '?'}) -> {mine.describe()} by owner {self.owner} on {self.host};"
+            " no live run held the old ones"
+        )
+
+    @staticmethod
+    def _account_row(cur: Cursor) -> tuple[AccountSettings, str] | None:
+        row = cur.execute(
+            "SELECT budget_usd, max_in_flight, set_by, set_host FROM account WHERE id = ?", (ACCOUNT_ROW,)
+        ).fetchone()
+        return None if row is None else (AccountSettings(row[0] / NANO, row[1]), f"{row[2]} on {row[3]}")
+
+    def _live_spenders(self, cur: Cursor) -> list[tuple[str, AccountSettings]]:
+        """Every other owner that spends under account settings and counts as alive now (``why_dead``)."""
+        owners, now = self._owners(cur)
+        alive = {r.owner: r for r in owners if r.owner != self.owner and why_dead(r, here=self.host, now=now) is None}
+        rows = cur.execute(
+            "SELECT owner, budget_usd, max_in_flight FROM owners WHERE budget_usd IS NOT NULL"
+            " AND max_in_flight IS NOT NULL"
+        ).fetchall()
+        return [
+            (f"{o} (pid {alive[o].pid} on {alive[o].host or 'this host'})", AccountSettings(b / NANO, c))
+            for o, b, c in rows
+            if o in alive
+        ]
+
+    @_reconnecting(idempotent=True)
+    def account_settings(self) -> AccountSettings | None:
+        """The account's settings as the ledger records them (None before any run set them)."""
+        with self.db.read() as cur:
+            row = self._account_row(cur)
+        return None if row is None else row[0]
+
+    @_reconnecting(idempotent=True)
+    def account_history(self) -> list[tuple[float, str, str, AccountSettings | None, AccountSettings]]:
+        """Every recorded setting of the account, oldest first: (when, owner, host, before, after)."""
+        with self.db.read() as cur:
+            rows = cur.execute(
+                "SELECT at, owner, host, budget_before, max_in_flight_before, budget_after, max_in_flight_after"
+                " FROM account_changes ORDER BY at"
+            ).fetchall()
+        return [
+            (at, o, h, None if b0 is None else AccountSettings(b0 / NANO, c0), AccountSettings(b1 / NANO, c1))
+            for at, o, h, b0, c0, b1, c1 in rows
+        ]
+
+    def _check_account(self, what: str, value: float, recorded: float) -> None:
+        """A caller passing other settings than the ones this owner registered is a bug: refuse loudly."""
+        if value != recorded:
+            raise AccountSettingsConflict(
+                f"{what} {value} passed to the ledger differs from {recorded}, the account setting this run"
+                f" registered on {self.location}"
+            )
+
     # --- plumbing ---------------------------------------------------------------------------
     def _tx(self, durable: bool = True) -> AbstractContextManager[Cursor]:
         return self.db.tx(durable)
 
     def _beat(self) -> bool:
-        """Renew this owner's lease (heartbeat thread); False once the row is gone (declared dead)."""
-        with self._beat_db.tx(durable=False) as cur:
-            sql = f"UPDATE owners SET heartbeat = {self.db.now_sql} WHERE owner = ? RETURNING owner"
-            return cur.execute(sql, (self.owner,)).fetchone() is not None
+        """Renew this owner's lease (heartbeat thread); False once the row is gone (declared dead). A connection
+        that broke is replaced within the same beat, so a database blip costs no lease."""
+
+        def renew() -> bool:
+            with self._beat_db.tx(durable=False) as cur:
+                sql = f"UPDATE owners SET heartbeat = {self.db.now_sql} WHERE owner = ? RETURNING owner"
+                return bool(cur.execute(sql, (self.owner,)).fetchone() is not None)
+
+        return self._beat_db.retrying(renew, idempotent=True, what="ledger heartbeat")
 
     def _assert_alive(self, cur: Cursor) -> None:
         """Renew the lease inside a write, and refuse to go on once it was lost: a process declared dead
@@ -428,6 +635,7 @@ class BudgetLedger:
         return closed
 
     # --- queries ----------------------------------------------------------------------------
+    @_reconnecting(idempotent=True)
     def totals(self, dataset: str | None = None) -> Totals:
         scope = GLOBAL if dataset is None else _scope(dataset)
         with self.db.read() as cur:
@@ -439,23 +647,27 @@ class BudgetLedger:
             return Totals(0.0, 0.0, 0, 0, 0)
         return Totals(row[0] / NANO, row[1] / NANO, row[2], row[3], row[4])
 
+    @_reconnecting(idempotent=True)
     def spend_by_kind(self, partition: str | None = None) -> dict[str, float]:
         q = "SELECT kind, SUM(usd) FROM spend" + (" WHERE partition = ?" if partition else "")
         with self.db.read() as cur:
             rows = cur.execute(q + " GROUP BY kind", (partition,) if partition else ()).fetchall()
         return {k: v / NANO for k, v in rows}
 
+    @_reconnecting(idempotent=True)
     def length_moments(self, dataset: str) -> Moments:
         """The completion-length statistics admission uses for ``dataset`` (completed cohorts only)."""
         with self.db.read() as cur:
             return self._moments(cur, dataset)
 
+    @_reconnecting(idempotent=True)
     def note_model(self, dataset: str, model: str) -> None:
         """Record which model answers ``dataset``: other datasets of that model may seed its statistics."""
         with self._tx() as cur:
             cur.execute("INSERT INTO lengths(dataset) VALUES (?) ON CONFLICT DO NOTHING", (dataset,))
             cur.execute("UPDATE lengths SET model = ? WHERE dataset = ?", (model, dataset))
 
+    @_reconnecting(idempotent=True)
     def dataset_lengths(self) -> dict[str, tuple[str, Moments]]:
         """dataset → (model, the completed-cohort moments admission uses), for every dataset on the ledger."""
         with self.db.read() as cur:
@@ -478,6 +690,7 @@ class BudgetLedger:
     def length_model(self, dataset: str, max_tokens: int) -> LengthModel | None:
         return LengthModel.from_moments(self.length_moments(dataset), self.policy, max_tokens)
 
+    @_reconnecting(idempotent=True)
     def outlook(self, request: ReservationRequest, batch: int) -> Outlook:
         """Numbers for the decision to stop at a budget's tail (see ``Outlook``)."""
         with self.db.read() as cur:
@@ -506,6 +719,7 @@ class BudgetLedger:
             None if model is None else model.mean,
         )
 
+    @_reconnecting(idempotent=True)
     def open_held_usd(self) -> float:
         """What the open reservations hold of the dollar budget now (the admission check's left side, less spend)."""
         with self.db.read() as cur:
@@ -552,6 +766,7 @@ class BudgetLedger:
             self._model_cache = (key, LengthModel.from_moments(moments, self.policy, max_tokens))
         return self._model_cache[1]
 
+    @_reconnecting(idempotent=False)
     def reserve_many(
         self,
         requests: Iterable[ReservationRequest | tuple[str, str, str, float, int]],
@@ -567,6 +782,8 @@ class BudgetLedger:
         (spend at the last poll + the key's ``limit_remaining``); a denial on it reads ``credits``.
         A plain tuple ``(dataset, partition, prompt_id, usd, tokens)`` is a request of fixed cost ``usd``.
         """
+        if self.account is not None:
+            self._check_account("budget_usd", _n(budget_usd) / NANO, _n(self.account.budget_usd) / NANO)
         reqs = [r if isinstance(r, ReservationRequest) else ReservationRequest(*r) for r in requests]
         cap, cap_reason = budget_usd, "usd"
         if account_cap_usd is not None and account_cap_usd < budget_usd:
@@ -704,6 +921,7 @@ class BudgetLedger:
         return out
 
     # --- settlement -------------------------------------------------------------------------
+    @_reconnecting(idempotent=True)
     def settle_many(self, settlements: Iterable[Settlement]) -> None:
         """Close reservations; answers feed the length statistics (a lost attempt counts as max_tokens).
 
@@ -795,6 +1013,7 @@ class BudgetLedger:
         """Give back a reservation whose request was never billed."""
         self.settle_many([Settlement(reservation, 0.0, 0, "released")])
 
+    @_reconnecting(idempotent=False)
     def record_spend(self, dataset: str, partition: str, prompt_id: str, usd: float, kind: str) -> None:
         """Spend that arrives outside a reservation (e.g. cost reported on an error)."""
         if usd <= 0:
@@ -808,6 +1027,7 @@ class BudgetLedger:
                 self._bump(cur, scope, usd_spent=_n(usd))
 
     # --- the account-wide in-flight cap -----------------------------------------------------
+    @_reconnecting(idempotent=True)
     def lease_slots(self, want: int, in_use: int, capacity: int) -> int:
         """How many requests this process may have in flight now, out of ``capacity`` for the whole ledger.
 
@@ -816,6 +1036,8 @@ class BudgetLedger:
         gives them back as its requests finish (``held = max(in_use, limit)``), so the sum of what is
         held never passes the capacity.
         """
+        if self.account is not None:
+            self._check_account("max_in_flight", capacity, self.account.max_in_flight)
         if time.monotonic() - self._last_dead_check > min(DEAD_OWNER_CHECK_S, self.lease_s / 10):
             self.recover_dead_owners()
         with self._tx(durable=False) as cur:  # re-leased every 0.1 s: soft state
@@ -840,6 +1062,7 @@ class BudgetLedger:
         now = rows[0][6] if rows else 0.0
         return [OwnerRecord(*r[:6]) for r in rows], now
 
+    @_reconnecting(idempotent=True)
     def dead_owners(self) -> dict[str, str]:
         """Owners other than this one that count as dead now, and why (``liveness.why_dead``)."""
         with self.db.read() as cur:
@@ -850,6 +1073,7 @@ class BudgetLedger:
                 out[row.owner] = why
         return out
 
+    @_reconnecting(idempotent=True)
     def recover_dead_owners(self) -> int:
         """Turn the reservations of dead owners into worst-case spend and free their slots; returns how many.
 
@@ -900,6 +1124,7 @@ class BudgetLedger:
         PartitionFence.release_all(cur, owner)
         return len(rows)
 
+    @_reconnecting(idempotent=True)
     def correct_orphans(self, partition: str, actual: Mapping[str, tuple[float, int]]) -> float:
         """Replace orphan worst-case spend by the journaled actual cost; returns dollars refunded."""
         refunded = 0.0
@@ -922,6 +1147,7 @@ class BudgetLedger:
         return refunded
 
     # --- attempts awaiting settlement -------------------------------------------------------
+    @_reconnecting(idempotent=True)
     def note_generation_ids(self, pairs: Iterable[tuple[Reservation, str]]) -> None:
         """Remember which generation an open reservation's request started, as soon as the response head
         names it: should this process die, the orphan is then settled from /generation, not charged for good."""
@@ -931,6 +1157,7 @@ class BudgetLedger:
         with self._tx() as cur:
             cur.executemany("UPDATE reservations SET generation_id = ? WHERE id = ?", rows)
 
+    @_reconnecting(idempotent=True)
     def mark_sent(self, reservation_ids: Iterable[str]) -> None:
         """Requests about to go out for these reservations (written before the send): from here on an orphan of
         one is charged, since it may have been billed; before, it is released. A generation id noted for an
@@ -941,6 +1168,7 @@ class BudgetLedger:
         with self._tx() as cur:
             cur.executemany("UPDATE reservations SET sent = 1, generation_id = NULL WHERE id = ?", rows)
 
+    @_reconnecting(idempotent=True)
     def due_uncertain(
         self, now: float, limit: int = 200, claim_s: float = 30.0, due_by: float | None = None
     ) -> list[UncertainAttempt]:
@@ -958,6 +1186,7 @@ class BudgetLedger:
             )
         return [_uncertain_attempt(r) for r in rows]
 
+    @_reconnecting(idempotent=True)
     def uncertain_attempts(self, partition: str | None = None) -> list[UncertainAttempt]:
         """Every attempt still awaiting settlement (of one partition, or all)."""
         q = (
@@ -971,6 +1200,7 @@ class BudgetLedger:
             ).fetchall()
         return [_uncertain_attempt(r) for r in rows]
 
+    @_reconnecting(idempotent=True)
     def reschedule_uncertain(self, items: Iterable[tuple[str, float]]) -> None:
         """One more lookup found nothing (404: not indexed yet): count it and set when to look again."""
         rows = [(at, gen_id) for gen_id, at in items]
@@ -979,6 +1209,7 @@ class BudgetLedger:
         with self._tx() as cur:
             cur.executemany("UPDATE uncertain SET lookups = lookups + 1, next_lookup = ? WHERE generation_id = ?", rows)
 
+    @_reconnecting(idempotent=True)
     def resolve_uncertain(self, items: Iterable[tuple[str, float]]) -> float:
         """Replace provisional charges by what /generation says was billed; returns the dollars given back
         (negative if an attempt cost more than its provisional charge). An id no longer listed (settled by
@@ -1002,6 +1233,7 @@ class BudgetLedger:
                 refunded += nano - actual
         return refunded / NANO
 
+    @_reconnecting(idempotent=True)
     def write_off_uncertain(self, generation_ids: Iterable[str]) -> float:
         """Stop looking these attempts up: their provisional charge stands for good; returns its sum."""
         total = 0
@@ -1019,7 +1251,13 @@ class BudgetLedger:
     def close(self) -> None:
         self.heartbeat.stop()
         self._beat_db.close()
+        try:
+            self._close_owner()
+        finally:
+            self.db.close()
+
+    @_reconnecting(idempotent=True)
+    def _close_owner(self) -> None:
         with self._tx() as cur:
             # A clean close with open reservations means requests were abandoned: count them.
             self._orphan_owner(cur, self.owner)
-        self.db.close()

@@ -10,28 +10,77 @@ This module owns only what differs between them:
   lock taken first in every write transaction, so no two hosts ever decide on the same snapshot;
 - DDL types: PostgreSQL's ``INTEGER`` is 32-bit and its ``REAL`` 4 bytes, where the ledger stores nano-dollars
   (a $100 budget is 10¹¹) and moment sums: they become ``BIGINT`` and ``DOUBLE PRECISION``;
-- the clock: leases expire on the database's clock, the one clock every host shares.
+- the clock: leases expire on the database's clock, the one clock every host shares;
+- a connection that breaks (PostgreSQL restarted or failed over, a backend terminated, a network blip): TCP
+  keepalives and server-side timeouts so that a half-open socket or a stuck writer cannot hang every host
+  (``CONNECT_DEFAULTS``, ``SERVER_TIMEOUTS``); a broken connection is replaced before the next transaction,
+  with bounded retries and a loud ``LedgerDatabaseUnavailable`` after them; a transaction the connection
+  broke under raises ``LedgerConnectionLost``, saying whether its commit may have happened, so that the
+  ledger retries those it can run twice without counting twice (``retrying``).
 """
 
+import logging
 import re
+import select
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from eagle_assets.errors import ConfigError
 
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
 POSTGRES_SCHEMES = ("postgresql", "postgres")
+# libpq connection parameters, each unless the URL sets it: keepalives find a dead peer within about a minute
+# (idle 30 s, then 3 probes 10 s apart), and tcp_user_timeout bounds how long sent data may stay unacknowledged,
+# so a half-open socket fails instead of hanging a transaction (both apply to TCP, not to Unix sockets).
+CONNECT_DEFAULTS = {
+    "connect_timeout": "30",
+    "keepalives": "1",
+    "keepalives_idle": "30",
+    "keepalives_interval": "10",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "60000",
+}
+# Server settings, each unless the URL's ``options`` sets it. A writer holds the ledger's lock for milliseconds:
+# one whose client vanished mid-transaction is ended after 60 s (releasing the lock), so a waiter gives up only
+# after twice that, and no statement runs longer than three minutes.
+SERVER_TIMEOUTS = {
+    "idle_in_transaction_session_timeout": "60s",
+    "lock_timeout": "120s",
+    "statement_timeout": "180s",
+}
+# Waits before each attempt to connect again once the connection broke; after the last, the ledger fails loudly.
+RECONNECT_DELAYS_S = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0)
+MAX_RUNS = 4  # how many times a transaction that lost its connection is run in all, at most
+# Server errors after which a transaction was rolled back, so that running it again is safe: a statement or lock
+# timeout, the idle-in-transaction timeout, a terminated backend, a deadlock or serialization failure.
+_ROLLED_BACK_SQLSTATES = {"57014", "55P03", "25P03", "57P01", "57P02", "57P03", "40P01", "40001"}
 # Any 64-bit number will do; it only has to be the same in every process that opens the ledger.
 LEDGER_LOCK_KEY = 0x6561676C65  # "eagle"
 
 
 class DatabaseConfigError(ConfigError, ValueError):
     """The database setting names nothing this ledger can open."""
+
+
+class LedgerDatabaseUnavailable(ConnectionError):
+    """The ledger's database could not be reached again after a connection broke, within the bounded retries."""
+
+
+class LedgerConnectionLost(ConnectionError):
+    """The connection broke under a transaction. ``commit_unknown``: it broke while the commit was on its way,
+    so the transaction may have committed; otherwise it certainly did not, and running it again is safe."""
+
+    def __init__(self, message: str, commit_unknown: bool) -> None:
+        super().__init__(message)
+        self.commit_unknown = commit_unknown
 
 
 class Cursor(Protocol):
@@ -118,6 +167,32 @@ class LedgerDatabase:
         raise NotImplementedError
 
     # --- shared -------------------------------------------------------------------------------
+    def retrying(self, call: Callable[[], T], *, idempotent: bool, what: str) -> T:
+        """``call`` (one or more transactions), run again on a fresh connection when a connection broke under it.
+
+        Run again only when that cannot count twice: the transaction certainly did not commit, or running it
+        twice writes what running it once does (``idempotent``). A lost commit of anything else is raised, as
+        are ``MAX_RUNS`` losses in a row (each reconnection already waits up to ``RECONNECT_DELAYS_S``): a run
+        stops rather than guess.
+        """
+        for attempt in range(1, MAX_RUNS + 1):
+            try:
+                return call()
+            except LedgerConnectionLost as exc:
+                if exc.commit_unknown and not idempotent:
+                    raise LedgerConnectionLost(
+                        f"{what}: {exc} It may have committed, and running it again could count it twice: stopping."
+                        " Whatever it reserved is this owner's, and is released or charged when the owner closes.",
+                        commit_unknown=True,
+                    ) from exc
+                if attempt == MAX_RUNS:
+                    raise LedgerConnectionLost(
+                        f"{what}: the ledger connection broke under it {attempt} times in a row ({exc}); giving up",
+                        commit_unknown=exc.commit_unknown,
+                    ) from exc
+                log.warning("%s: %s Running it again on a new connection (run %d)", what, exc, attempt + 1)
+        raise AssertionError("unreachable")  # pragma: no cover
+
     def create_schema(self, schema: str, added_columns: dict[str, dict[str, str]], indexes: str = "") -> None:
         """Create what is missing, under the write lock so that racing first openers agree."""
         with self.tx() as cur:
@@ -273,41 +348,120 @@ class PostgresLedgerDatabase(LedgerDatabase):
     def __init__(self, url: str) -> None:
         super().__init__()
         try:
-            import psycopg
+            import psycopg  # noqa: F401
         except ImportError as exc:  # a dependency of the package: only a broken install gets here
             raise DatabaseConfigError("a PostgreSQL ledger needs psycopg (pip install 'psycopg[binary]')") from exc
         self.url = url
         self.description = f"PostgreSQL {redact_url(url)}"
+        self.reconnect_delays_s = RECONNECT_DELAYS_S
+        self.reconnects = 0  # connections replaced after one broke
+        self._sql: dict[str, str] = {}
+        self._db = self._connect()
+
+    def _connect(self) -> Any:
+        import psycopg
+        from psycopg.types.numeric import FloatLoader
+
         try:
-            self._db = psycopg.connect(url, autocommit=True, connect_timeout=30, cursor_factory=psycopg.RawCursor)
+            db = psycopg.connect(connection_string(self.url), autocommit=True, cursor_factory=psycopg.RawCursor)
         except psycopg.Error as exc:
             # libpq's message can quote the connection string; say where, never with what password.
             raise ConnectionError(
-                f"cannot connect to the ledger database {redact_url(url)}: {type(exc).__name__}"
-                f" ({str(exc).replace(url, redact_url(url)).splitlines()[0] if str(exc) else 'no detail'})"
+                f"cannot connect to the ledger database {redact_url(self.url)}: {type(exc).__name__}"
+                f" ({str(exc).replace(self.url, redact_url(self.url)).splitlines()[0] if str(exc) else 'no detail'})"
             ) from None
         # SUM over BIGINT is NUMERIC in PostgreSQL; the ledger's arithmetic is in floats and ints, as SQLite's.
-        from psycopg.types.numeric import FloatLoader
+        db.adapters.register_loader("numeric", FloatLoader)
+        return db
 
-        self._db.adapters.register_loader("numeric", FloatLoader)
-        self._sql: dict[str, str] = {}
+    def _usable(self) -> bool:
+        """Whether the connection can take the next transaction. An idle connection in autocommit has nothing to
+        read: something readable is the server's goodbye (a terminated backend, a restart) or a closed socket."""
+        if self._db.closed or self._db.broken:
+            return False
+        try:
+            readable, _, _ = select.select([self._db.fileno()], [], [], 0)
+            if readable:
+                self._db.execute("SELECT 1")  # reads what arrived: a notice leaves it usable, a goodbye does not
+        except Exception:  # psycopg.Error or OSError: either way it is gone
+            return False
+        return not (self._db.closed or self._db.broken)
+
+    def _ensure_connected(self) -> None:
+        """Replace a broken connection before a transaction, waiting ``reconnect_delays_s`` between attempts."""
+        if self._usable():
+            return
+        with suppress(Exception):  # closing what is already broken
+            self._db.close()
+        last: Exception | None = None
+        for delay in self.reconnect_delays_s:
+            time.sleep(delay)
+            try:
+                self._db = self._connect()
+            except ConnectionError as exc:
+                last = exc
+                continue
+            self.reconnects += 1
+            log.warning("ledger database %s: connection replaced after it broke", self.description)
+            return
+        raise LedgerDatabaseUnavailable(
+            f"the ledger database {redact_url(self.url)} is unreachable: {len(self.reconnect_delays_s)} attempts to"
+            f" connect again over {sum(self.reconnect_delays_s):.0f} s failed ({last})"
+        )
+
+    def _lost(self, exc: Exception, commit_sent: bool) -> LedgerConnectionLost | None:
+        """The exception as ``LedgerConnectionLost`` if the connection broke or the server rolled back, else None."""
+        import psycopg
+
+        if not isinstance(exc, psycopg.OperationalError):
+            return None
+        rolled_back = getattr(exc, "sqlstate", None) in _ROLLED_BACK_SQLSTATES
+        if not (rolled_back or self._db.broken or self._db.closed):
+            return None
+        detail = str(exc).replace(self.url, redact_url(self.url)).splitlines()[0] if str(exc) else type(exc).__name__
+        if rolled_back:
+            what = f"the ledger database {redact_url(self.url)} rolled the transaction back"
+        else:
+            when = "while committing" if commit_sent else "before its commit"
+            what = f"the ledger connection to {redact_url(self.url)} broke {when}"
+        return LedgerConnectionLost(
+            f"{what} ({detail}).",
+            commit_unknown=commit_sent and not rolled_back,
+        )
 
     @contextmanager
     def tx(self, durable: bool = True) -> Iterator[Cursor]:
         """Pipelined: statements go out without waiting for each answer; a fetch waits for what it reads.
         A transaction of the ledger is a dozen statements, most of them writes: one round trip each would
         be most of its time."""
-        with self._lock, self._db.pipeline() as pipeline, self._db.transaction():
-            cur = _PgCursor(self._db, self._sql, pipeline)
-            cur.execute("SELECT pg_advisory_xact_lock(?)", (LEDGER_LOCK_KEY,))
-            if not durable:
-                cur.execute("SET LOCAL synchronous_commit = off")
-            yield cur
+        with self._lock:
+            self._ensure_connected()
+            commit_sent = False
+            try:
+                with self._db.pipeline() as pipeline, self._db.transaction():
+                    cur = _PgCursor(self._db, self._sql, pipeline)
+                    cur.execute("SELECT pg_advisory_xact_lock(?)", (LEDGER_LOCK_KEY,))
+                    if not durable:
+                        cur.execute("SET LOCAL synchronous_commit = off")
+                    yield cur
+                    commit_sent = True  # from here the transaction's exit sends COMMIT
+            except Exception as exc:
+                lost = self._lost(exc, commit_sent)
+                if lost is None:
+                    raise
+                raise lost from exc
 
     @contextmanager
     def read(self) -> Iterator[Cursor]:
         with self._lock:
-            yield _PgCursor(self._db, self._sql)
+            self._ensure_connected()
+            try:
+                yield _PgCursor(self._db, self._sql)
+            except Exception as exc:
+                lost = self._lost(exc, commit_sent=False)  # reads commit nothing
+                if lost is None:
+                    raise
+                raise lost from exc
 
     def columns(self, cur: Cursor, table: str) -> set[str]:
         rows = cur.execute(
@@ -328,6 +482,24 @@ class PostgresLedgerDatabase(LedgerDatabase):
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+def connection_string(url: str) -> str:
+    """``url`` with ``CONNECT_DEFAULTS`` and ``SERVER_TIMEOUTS`` added wherever it does not set them itself."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    try:
+        given = conninfo_to_dict(url)
+    except Exception as exc:  # psycopg.ProgrammingError: an unparseable URL; never echo it whole
+        raise DatabaseConfigError(
+            f"cannot read the ledger database URL {redact_url(url)}: {type(exc).__name__}"
+        ) from None
+    extra: dict[str, Any] = {k: v for k, v in CONNECT_DEFAULTS.items() if k not in given}
+    options = str(given.get("options") or "")
+    more = " ".join(f"-c {k}={v}" for k, v in SERVER_TIMEOUTS.items() if k not in options)
+    if more:
+        extra["options"] = f"{options} {more}".strip()
+    return make_conninfo(url, **extra)
 
 
 def open_database(location: str | Path) -> LedgerDatabase:

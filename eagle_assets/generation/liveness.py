@@ -91,6 +91,7 @@ class Heartbeat:
         self._beat, self.interval_s = beat, interval_s
         self._stop = threading.Event()
         self.lost = False
+        self.failures = 0  # beats that failed in a row
         self.last_ok = time.monotonic()  # when the last renewal that succeeded was sent
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -101,8 +102,19 @@ class Heartbeat:
             try:
                 alive = self._beat()
             except Exception as exc:  # the database is unreachable: try again; the lease may lapse meanwhile
-                log.warning("ledger heartbeat failed: %s: %s", type(exc).__name__, str(exc).splitlines()[:1])
+                self.failures += 1
+                # Three beats missed is half the lease gone: say so at error level, once per outage.
+                level = logging.ERROR if self.failures == 3 else logging.WARNING
+                log.log(
+                    level,
+                    "ledger heartbeat failed %d time(s) in a row, %.0f s since the last renewal: %s: %s",
+                    self.failures,
+                    self.since_ok(),
+                    type(exc).__name__,
+                    str(exc).splitlines()[:1],
+                )
                 continue
+            self.failures = 0
             if not alive:
                 self.lost = True
                 log.error("ledger lease lost: another process found this owner's heartbeat expired")

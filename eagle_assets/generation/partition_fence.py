@@ -103,11 +103,16 @@ class PartitionFence:
     def release(self) -> None:
         if self.token is None:
             return
-        with self.ledger._tx() as cur:
-            cur.execute(
-                "UPDATE partition_leases SET holder = NULL WHERE partition = ? AND holder = ? AND token = ?",
-                (self.partition, self.ledger.owner, self.token),
-            )
+        token = self.token
+
+        def give_back() -> None:
+            with self.ledger._tx() as cur:
+                cur.execute(
+                    "UPDATE partition_leases SET holder = NULL WHERE partition = ? AND holder = ? AND token = ?",
+                    (self.partition, self.ledger.owner, token),
+                )
+
+        self.ledger.db.retrying(give_back, idempotent=True, what=f"release of partition {self.partition}")
         self.token = None
 
     @staticmethod
@@ -122,6 +127,17 @@ class PartitionFence:
         self.release()
 
     # --- the check before every append --------------------------------------------------------
+    def _held_now(self) -> tuple[int, str | None, float | None] | None:
+        """The partition's token, its holder, and the seconds left on the holder's lease (database clock)."""
+        led = self.ledger
+        with led.db.read() as cur:
+            row = cur.execute(
+                f"SELECT p.token, p.holder, o.heartbeat + o.lease_s - {led.db.now_sql} FROM partition_leases p"
+                " LEFT JOIN owners o ON o.owner = p.holder WHERE p.partition = ?",
+                (self.partition,),
+            ).fetchone()
+        return None if row is None else (row[0], row[1], row[2])
+
     def check(self) -> None:
         """Raise unless this run still holds the partition with time left on its lease."""
         led = self.ledger
@@ -135,12 +151,7 @@ class PartitionFence:
                 f"partition {self.partition}: no heartbeat confirmed for {stale:.1f} s (lease {led.lease_s:.0f} s):"
                 " another host may take the partition over; not appending"
             )
-        with led.db.read() as cur:
-            row = cur.execute(
-                f"SELECT p.token, p.holder, o.heartbeat + o.lease_s - {led.db.now_sql} FROM partition_leases p"
-                " LEFT JOIN owners o ON o.owner = p.holder WHERE p.partition = ?",
-                (self.partition,),
-            ).fetchone()
+        row = led.db.retrying(self._held_now, idempotent=True, what=f"fence check of {self.partition}")
         if row is None or row[0] != self.token or row[1] != led.owner:
             now_held = "nobody" if row is None or row[1] is None else f"{row[1]} (token {row[0]})"
             raise FenceLostError(

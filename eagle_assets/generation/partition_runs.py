@@ -17,7 +17,7 @@ from typing import Any
 from eagle_assets.generation.account_snapshot import AccountSnapshot, take_snapshot
 from eagle_assets.generation.admission import AdmissionPolicy
 from eagle_assets.generation.estimate import tokenizer_estimator
-from eagle_assets.generation.ledger import BudgetLedger
+from eagle_assets.generation.ledger import AccountSettings, BudgetLedger
 from eagle_assets.generation.retry_policy import RetryPolicy
 from eagle_assets.generation.runner import (
     GenerationSettings,
@@ -76,9 +76,13 @@ def preflight(openrouter: OpenRouterResource) -> GenerationSettings:
 
 
 @contextmanager
-def open_ledger(openrouter: OpenRouterResource, policy: AdmissionPolicy | None = None) -> Iterator[BudgetLedger]:
-    """The budget ledger where the resource says it lives, closed on the way out."""
-    ledger = BudgetLedger(openrouter.ledger_location(), policy=policy)
+def open_ledger(
+    openrouter: OpenRouterResource, policy: AdmissionPolicy | None = None, spends: bool = False
+) -> Iterator[BudgetLedger]:
+    """The budget ledger where the resource says it lives, closed on the way out. ``spends``: a run, whose
+    budget and in-flight cap must agree with the other live runs' (``AccountSettingsConflict``)."""
+    account = AccountSettings(openrouter.budget_usd, openrouter.max_in_flight) if spends else None
+    ledger = BudgetLedger(openrouter.ledger_location(), policy=policy, account=account)
     try:
         yield ledger
     finally:
@@ -171,8 +175,10 @@ async def _run(
     observe: Callable[[AccountSnapshot], None] | None = None,
 ) -> PartitionReport:
     estimate = prompt_estimator(openrouter)
-    with open_ledger(openrouter) as ledger:
+    with open_ledger(openrouter, spends=True) as ledger:
         log.info(f"budget ledger: {ledger.location}")
+        if ledger.account_change:
+            log.warning(ledger.account_change)
         async with openrouter.client() as client:
             table = await openrouter.provider_table(client, log, any(p.tools for p in job.prompts))
             runner = PartitionRunner(job, client, ledger, table, settings, estimate, emit=log.info, observe=observe)
