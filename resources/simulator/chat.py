@@ -11,6 +11,7 @@ leading spaces in reasoning and content, and streams whose usage comes in a last
 ``choices: []``. The answer itself is ``chat_plain.py`` or ``chat_stream.py``.
 """
 
+import asyncio
 import re
 import time
 from typing import Any
@@ -153,7 +154,10 @@ class ChatCompletions(PlainAnswer, StreamAnswer):
             return self._answer(400, "bad_request", error_body(400, exc.message))
         if state.request_wide_error is not None:
             # The request itself is refused, whatever the prompt (a parameter the endpoint will not take).
-            return self._answer(400, "request_wide_400", error_body(400, state.request_wide_error))
+            message = state.request_wide_error
+            if state.request_wide_delay_s > 0:
+                await asyncio.sleep(state.request_wide_delay_s)
+            return self._answer(400, "request_wide_400", error_body(400, message))
         forced_fault: str | None = None
         if marker is not None:
             marked = self._marked_refusal(marker)

@@ -270,6 +270,13 @@ class SimulatorConfig:
             metavar="MESSAGE",
         ),
     )
+    request_wide_400_delay_s: float = field(
+        default=0.0,
+        metadata=flag(
+            help="seconds before that 400 is sent (a refusal that comes only after routing); settable at runtime",
+            metavar="SECONDS",
+        ),
+    )
     cache_size: int = field(default=16_384, metadata=flag(help="prepared responses kept (LRU)"))
     max_generations_kept: int = field(default=200_000, metadata=flag(help="/generation records kept (oldest dropped)"))
     backlog: int = field(default=8192, metadata=flag(help="the listening socket's backlog"))
@@ -311,6 +318,8 @@ class SimulatorConfig:
             raise ValueError("leading_space_rate must be in [0, 1]")
         if not 0.0 <= self.usage_chunk_with_choice_rate <= 1.0:
             raise ValueError("usage_chunk_with_choice_rate must be in [0, 1]")
+        if self.request_wide_400_delay_s < 0:
+            raise ValueError("request_wide_400_delay_s must be >= 0")
 
 
 def config_to_args(config: SimulatorConfig) -> list[str]:

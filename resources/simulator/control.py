@@ -85,9 +85,16 @@ class SimulatorHandle:
         """How long /generation answers 404 after a generation completed, from now on."""
         self.call(lambda: setattr(self.state, "generation_404_ms", float(ms)))
 
-    def set_request_wide_error(self, message: str | None) -> None:
-        """Answer every chat request with a 400 of ``message`` (None: answer normally again)."""
-        self.call(lambda: setattr(self.state, "request_wide_error", message))
+    def set_request_wide_error(self, message: str | None, delay_s: float = 0.0) -> None:
+        """Answer every chat request with a 400 of ``message`` after ``delay_s`` (None: answer normally again)."""
+        if delay_s < 0:
+            raise ValueError("delay_s must be >= 0")
+
+        def apply() -> None:
+            self.state.request_wide_error = message
+            self.state.request_wide_delay_s = delay_s
+
+        self.call(apply)
 
     def stats(self, generations_limit: int | None = None) -> dict[str, Any]:
         return self.call(lambda: self.state.snapshot(generations_limit))
@@ -184,8 +191,8 @@ class SimulatorProcess:
     def set_generation_window(self, ms: float) -> None:
         _http_json(f"{self.root_url}/_sim/generation_window", {"ms": ms})
 
-    def set_request_wide_error(self, message: str | None) -> None:
-        _http_json(f"{self.root_url}/_sim/request_wide_error", {"message": message})
+    def set_request_wide_error(self, message: str | None, delay_s: float = 0.0) -> None:
+        _http_json(f"{self.root_url}/_sim/request_wide_error", {"message": message, "delay_s": delay_s})
 
     def terminate(self, timeout: float = 10.0) -> int:
         if self.proc.poll() is None:

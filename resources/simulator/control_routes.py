@@ -49,16 +49,21 @@ class ControlRoutes:
         return json_response(200, {"generation_404_ms": self.state.generation_404_ms})
 
     async def admin_request_wide_error(self, request: web.Request) -> web.Response:
-        """Answer every chat request with a 400 of ``{"message": …}`` from now on (null: stop)."""
+        """Answer every chat request with a 400 of ``{"message": …}`` from now on (null: stop), after
+        ``delay_s`` seconds (optional, 0 by default)."""
         try:
             body = orjson.loads(await request.read())
             message = body["message"]
             if message is not None and not isinstance(message, str):
                 raise TypeError("message must be a string or null")
-        except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
+            delay_s = float(body.get("delay_s") or 0.0)
+            if delay_s < 0:
+                raise ValueError("delay_s must be >= 0")
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             return json_response(400, error_body(400, f"bad request-wide error: {exc}"))
         self.state.request_wide_error = message
-        return json_response(200, {"request_wide_error": message})
+        self.state.request_wide_delay_s = delay_s
+        return json_response(200, {"request_wide_error": message, "delay_s": delay_s})
 
     async def admin_stats(self, request: web.Request) -> web.Response:
         raw = request.query.get("generations")

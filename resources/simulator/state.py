@@ -138,6 +138,7 @@ class SimulatorState:
         self.workspace_budget: float | None = config.workspace_budget_usd
         self.generation_404_ms = config.generation_404_ms  # changeable at runtime (``/_sim/generation_window``)
         self.request_wide_error: str | None = config.request_wide_400  # ``/_sim/request_wide_error``
+        self.request_wide_delay_s = config.request_wide_400_delay_s
         self.faults = config.faults
         self.set_faults(config.faults)
         self._dirty = False

@@ -93,6 +93,7 @@ SETTINGS: dict[str, st.SearchStrategy[Any]] = {
     "generation_id_header": st.booleans(),
     "plain_head_first": st.booleans(),
     "request_wide_400": st.none() | TEXT,
+    "request_wide_400_delay_s": NON_NEGATIVE,
     "cache_size": st.integers(0, 10**7),
     "max_generations_kept": st.integers(0, 10**7),
     "backlog": st.integers(0, 10**5),
