@@ -171,6 +171,7 @@ class _ErrorFields:
     meta: dict[str, Any]
     retryable: bool | None
     availability: dict[str, Any] = field(default_factory=dict)
+    reason: str = ""  # ``reason`` of the metadata, else of the error itself; lower case
 
 
 # Messages that only say "the provider said no": the provider's own words are in ``metadata.raw``.
@@ -204,7 +205,8 @@ def _error_fields(body: dict[str, Any]) -> _ErrorFields:
     raw = meta.get("raw")
     if raw and _GENERIC.match(message.strip()):
         message = f"{message}: {raw}"  # "Provider returned error" alone names nothing
-    return _ErrorFields(code, message[:300], meta, retryable, availability or meta_availability)
+    reason = str(meta.get("reason") or err.get("reason") or "").lower()
+    return _ErrorFields(code, message[:300], meta, retryable, availability or meta_availability, reason)
 
 
 def _usage_cost(body: dict[str, Any]) -> float | None:
@@ -269,7 +271,7 @@ _CONTENT_BLOCK = re.compile(r"guardrail|blocked|injection|jailbreak|sensitive|pi
 def _money_limit(status: int, e: _ErrorFields, retry_after: float | None) -> Outcome | None:
     """A 402/403 read by ``limit_source`` and ``reason``, before any wording; None when neither says."""
     source = str(e.meta.get("limit_source") or "").lower()
-    reason = str(e.meta.get("reason") or "").lower()
+    reason = e.reason
     if not source and not reason:
         return None
     text = e.message
