@@ -29,11 +29,25 @@ class FidelityCheckConfig(dg.Config):
         0.9, gt=0, lt=1, description="a store figure must reach this fraction of the target's (log-probs: + ln f)"
     )
 
+    fidelity_deviation_factor: float = Field(
+        4.0,
+        ge=1,
+        description="a store's per-position log-prob deviation from the target may reach this many times the "
+        "calibration's noise floor (half an ulp of the store precision)",
+    )
+    allow_unreferenced_aux: bool = Field(
+        False,
+        description="SGLang stores: accept aux layers whose identity cannot be verified (the engine gives no "
+        "per-layer reference); recorded in the check's summary and metadata. False: the aux check fails for them",
+    )
+
     def fidelity(self) -> FidelityConfig:
         return FidelityConfig(
             positions=self.fidelity_positions,
             calibration_samples=self.calibration_samples,
             fraction=self.fidelity_fraction,
+            deviation_factor=self.fidelity_deviation_factor,
+            allow_unreferenced_aux=self.allow_unreferenced_aux,
         )
 
 
@@ -61,7 +75,8 @@ def fidelity_metadata(outcomes: Sequence[CheckOutcome]) -> dict[str, dg.Metadata
     meta: dict[str, dg.MetadataValue] = {}
     nt = by.get("last_state_next_token")
     figures = nt.metadata if nt is not None else {}
-    for name in ("agreement", "target_agreement", "mean_logprob", "target_mean_logprob", "consistency"):
+    names = ("agreement", "target_agreement", "mean_logprob", "target_mean_logprob", "consistency")
+    for name in (*names, "logprob_deviation", "logprob_noise"):
         value = figures.get(name)
         if isinstance(value, int | float):
             meta[f"fidelity_{name}"] = dg.MetadataValue.float(float(value))

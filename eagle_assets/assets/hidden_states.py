@@ -6,7 +6,8 @@ need the target model and its accelerators: they are tagged and pooled (``gpu``,
 host) so that the rest of the pipeline can run anywhere while they run where the GPUs are.
 
 Every materialization ends with three blocking fidelity checks of the store (``hidden_state_checks``): the
-target is run in full on a few of the shard's samples (calibration, HF backend), and the store must match it.
+target is run in full on a few of the shard's samples (calibration: in-process for the HF backend, through the
+engine's input log-probabilities for SGLang), and the store must match it.
 """
 
 import time
@@ -128,7 +129,14 @@ def hidden_states(
             tp_size=target.sglang_tp_size,
             max_tokens_per_batch=target.max_tokens_per_batch,
         )
-        reports = extract_sglang({key: samples}, out, sglang_config, model_id=target.model_id(), dtype=target.dtype())
+        reports = extract_sglang(
+            {key: samples},
+            out,
+            sglang_config,
+            model_id=target.model_id(),
+            dtype=target.dtype(),
+            calibration=fidelity,  # through the last pass's engine: its input log-probabilities
+        )
         skipped = min(r.shards_skipped for r in reports.values())
         tokens_per_s = min(r.tokens_per_s for r in reports.values())
     elapsed = time.monotonic() - started

@@ -147,7 +147,9 @@ def calibrate_shard(
     # The best a correct store can do: the true last state, rounded to the store dtype, through the same head.
     top1_rounded, _ = head_predictions(logits_of, stacked[LAST].to(store_dtype), ids, device=weight.device)
     eps = precision_eps(store_dtype, next(model.parameters()).dtype)
-    noise = logprob_noise(logits_of, stacked[LAST], ids, eps, config.seed, device=weight.device)
+    noise = logprob_noise(
+        logits_of, stacked[LAST], ids, eps, config.seed, logits_dtype=weight.dtype, device=weight.device
+    )
     proj = projection(stacked[LAST].shape[1], config.signature_dims, config.seed)
     sig_rows = slice(0, config.signature_positions)
     slots = slot_names(layers.n_aux)

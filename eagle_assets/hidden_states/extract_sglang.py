@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from eagle_assets.errors import ConfigError, TargetError
+from eagle_assets.hidden_states.fidelity_spec import FidelityConfig
 from eagle_assets.hidden_states.layers import AuxLayers, resolve_aux_layers
 from eagle_assets.hidden_states.pipeline import BatchFn, ExtractReport, Progress, ShardsInput, run_extraction
 from eagle_assets.hidden_states.store import FEATURES, HiddenStateSample, StoreMeta
@@ -389,12 +390,19 @@ def extract_sglang(
     progress: Callable[[Progress], None] | None = None,
     check_space: bool = True,
     reserve_bytes: int = 0,
+    calibration: FidelityConfig | None = None,
+    head: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> dict[str, ExtractReport]:
     """Run the ``aux`` pass, then the ``last`` pass, into one store; each pass resumes on its own.
 
     Give either ``config`` or ``model_path`` (+ optional ``layers``). ``client_factory(config, role,
     hidden_size)`` makes the per-pass ``BatchFn`` (default: ``SGLangEngineClient``, engine started
     lazily, so a pass with nothing left to do never starts one).
+
+    With ``calibration``, the ``last`` pass's engine, before it is shut down, also scores the calibration
+    samples of every shard (``calibration_sglang.py``) and the store gets its ``fidelity_calibration.json``,
+    which the fidelity checks need; ``head`` is the target's head (default: ``load_target_head`` on the CPU).
+    A current calibration on disk is kept (no engine started for it).
     """
     if config is None:
         if model_path is None:
@@ -435,11 +443,54 @@ def extract_sglang(
                 check_space=check_space,
                 reserve_bytes=reserve_bytes,
             )
+            if role == "last" and calibration is not None:
+                _calibrate(client, shards, out_dir, config, meta, calibration, head)
         finally:
             close = getattr(client, "close", None)
             if callable(close):
                 close()
     return reports
+
+
+_COMPUTE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def _calibrate(
+    client: BatchFn,
+    shards: ShardsInput,
+    out_dir: str | Path,
+    config: SGLangCaptureConfig,
+    meta: StoreMeta,
+    fidelity: FidelityConfig,
+    head: Callable[[torch.Tensor], torch.Tensor] | None,
+) -> None:
+    """The store's calibration through the ``last`` engine (its requests also return the final states)."""
+    from eagle_assets.hidden_states.calibration_sglang import calibrate_store_engine, calibration_is_current
+    from eagle_assets.hidden_states.fidelity import read_calibration, write_calibration
+    from eagle_assets.hidden_states.pipeline import normalize_shards
+
+    items = normalize_shards(shards)
+    if calibration_is_current(read_calibration(out_dir), items, fidelity):
+        return
+    engine = getattr(client, "engine", None)
+    if engine is None or not callable(getattr(engine, "generate", None)):
+        raise TypeError("calibrating through SGLang needs the 'last' pass's client to expose engine.generate")
+    if head is None:
+        from eagle_assets.draft.target import load_target_head
+
+        head = load_target_head(config.model_path, "post_norm")
+    calibration = calibrate_store_engine(
+        engine.generate,
+        items,
+        config.layers,
+        head,
+        model_id=meta.model_id,
+        hidden_size=meta.hidden_size,
+        store_dtype=meta.dtype,
+        compute_dtype=_COMPUTE_DTYPES.get(config.dtype, torch.bfloat16),  # "auto": bf16, Kimi's
+        config=fidelity,
+    )
+    write_calibration(out_dir, calibration)
 
 
 # ----------------------------------------------------------------------------------------------

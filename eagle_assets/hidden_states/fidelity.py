@@ -148,19 +148,26 @@ def logprob_noise(
     eps: float,
     seed: int,
     *,
+    logits_dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
 ) -> float:
     """Mean |change| of the actual next tokens' log-probabilities when every element of the true last state is
     moved by up to half an ulp (relative ``eps / 2``, uniform, seeded): the per-position deviation one rounding to
     the store's precision causes, i.e. the noise floor a correct store sits at. A perturbation rather than a
-    rounding, so it is not zero when the state was computed in the store dtype already."""
+    rounding, so it is not zero when the state was computed in the store dtype already. The logits are rounded to
+    ``logits_dtype``, what the target's head computes them in (SGLang's lm_head runs in bf16), since the target's
+    log-probabilities carry that rounding and the checks' fp32 head does not."""
     if last.shape[0] == 0:
         return float("nan")
     gen = torch.Generator().manual_seed(seed)
     x = last.to(torch.float32)
     noise = (torch.rand(x.shape, generator=gen, dtype=torch.float32) * 2.0 - 1.0) * (eps / 2.0)
     _, base = head_predictions(head, x, next_ids, device=device)
-    _, moved = head_predictions(head, x * (1.0 + noise), next_ids, device=device)
+
+    def rounded(h: torch.Tensor) -> torch.Tensor:
+        return head(h).to(logits_dtype)
+
+    _, moved = head_predictions(rounded, x * (1.0 + noise), next_ids, device=device)
     return float((moved.double() - base.double()).abs().mean())
 
 

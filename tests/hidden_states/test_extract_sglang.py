@@ -1,9 +1,8 @@
 """The SGLang backend without SGLang: arguments, requests, response conversion, two-pass store.
 
-``FakeSGLangEngine`` answers ``generate`` the way SGLang's scheduler fills ``meta_info`` (prompt
-rows as nested Python lists in ``hidden_states[0]``), and captures aux layers the way SGLang's
-``set_eagle3_layers_to_capture`` does: the draft config's explicit ids + 1 = the decoder layers whose
-*input* is taken. A store made through it must equal the HF backend's store.
+``FakeSGLangEngine`` (``sglang_standin.py``) answers ``generate`` the way SGLang's scheduler fills
+``meta_info`` (prompt rows as nested Python lists in ``hidden_states[0]``), and captures aux layers the way
+SGLang's ``set_eagle3_layers_to_capture`` does. A store made through it must equal the HF backend's store.
 """
 
 import importlib.util
@@ -28,49 +27,10 @@ from eagle_assets.hidden_states.extract_sglang import (
 )
 from eagle_assets.hidden_states.layers import AuxLayers
 from eagle_assets.hidden_states.store import HiddenStateSample, HiddenStateStore
+from tests.hidden_states.sglang_standin import FakeSGLangEngine
 
 F32 = torch.float32
 requires_no_sglang = pytest.mark.skipif(importlib.util.find_spec("sglang") is not None, reason="sglang installed")
-
-
-class FakeSGLangEngine:
-    def __init__(self, model, engine_kwargs, dtype=F32):
-        self.model, self.kwargs, self.dtype = model, engine_kwargs, dtype
-        assert engine_kwargs["enable_return_hidden_states"] and engine_kwargs["disable_radix_cache"]
-        self.capture = None
-        draft = engine_kwargs.get("speculative_draft_model_path")
-        if draft:
-            ids = json.loads(Path(draft, "config.json").read_text())["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
-            self.capture = [i + 1 for i in ids]  # SGLang: "we plus 1 here"
-        self.prompts = 0
-        self.shut = False
-
-    @torch.inference_mode()
-    def generate(self, input_ids, sampling_params, return_hidden_states):
-        assert return_hidden_states and sampling_params["max_new_tokens"] == 1
-        out = []
-        for ids in input_ids:
-            self.prompts += 1
-            o = self.model(torch.tensor([ids]), output_hidden_states=True, logits_to_keep=1)
-            hs = o.hidden_states
-            # input of decoder layer i == HF hidden_states[i]
-            rows = torch.cat([hs[i][0] for i in self.capture], -1) if self.capture else hs[-1][0]
-            out.append(
-                {
-                    "output_ids": [int(o.logits[0, -1].argmax())],
-                    "meta_info": {
-                        "id": f"req{self.prompts}",
-                        "prompt_tokens": len(ids),
-                        "completion_tokens": 1,
-                        "finish_reason": {"type": "length", "length": 1},
-                        "hidden_states": [rows.to(self.dtype).tolist()],
-                    },
-                }
-            )
-        return out
-
-    def shutdown(self):
-        self.shut = True
 
 
 @pytest.fixture

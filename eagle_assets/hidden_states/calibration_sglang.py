@@ -1,0 +1,247 @@
+"""Calibration through the SGLang engine: the target run in full where it cannot run in this process (Kimi, tp=8).
+
+The HF calibration (``calibration.py``) runs the model's own forward here. A store extracted through SGLang has
+no model here, but the engine that extracted it can score its own input: asked for the log-probabilities of the
+prompt tokens, it returns, at every position, the log-probability of the actual next token and its own top-1.
+That is exactly what the next-token check needs of the target: the same figures as the HF calibration, computed
+by the target's own forward and head, independently of the hidden-state path being checked.
+
+The SGLang API followed (sgl-project/sglang, commit 001067ff of ``python/sglang/srt/managers/io_struct.py`` and
+the scheduler's / tokenizer manager's logprob code; these fields have been stable across 2024-2025 releases):
+
+- request (``GenerateReqInput``, also the ``/generate`` JSON body): ``return_logprob: true``,
+  ``logprob_start_len: 0`` (the whole input; the default -1 means output tokens only), ``top_logprobs_num: 1``.
+  Sampling ``temperature: 1.0, top_p: 1.0``: SGLang scales and renormalises returned log-probs by the request's
+  temperature and top-p (``compute_temp_top_p_normalized_logprobs``), so these make them the raw log-softmax.
+- response ``meta_info["input_token_logprobs"]``: one ``[logprob, token_id, text]`` entry per input token
+  (tuples from ``Engine.generate``, lists over HTTP; text is None without ``return_text_in_logprobs``). Entry
+  ``i`` is ``log P(ids[i] | ids[:i])``; entry 0 has logprob None (the scheduler pads ``[None] + values[:-1]``).
+  So the last state at position ``t`` is scored by entry ``t + 1``.
+- ``meta_info["input_top_logprobs"]``: per input token a list of ``top_logprobs_num`` such entries, or None
+  (entry 0); its first entry's token id is the target's top-1 prediction of token ``i``.
+- ``return_hidden_states: true`` on the same request of the ``last`` engine adds the prompt's final states
+  (``meta_info["hidden_states"][0]``), from which the noise floor and the rounding consistency are measured.
+
+Not available through the engine: the per-layer signatures the aux check identifies layers by (the engine
+returns one layer set, the one being checked). An engine calibration therefore records the last state's
+signature only, and the aux check says the layers' identity is not verified (``allow_unreferenced_aux``).
+
+Because the engine's log-probabilities and its returned last state come from the same forward, a capture that
+returns something other than the state its head reads (another layer, a pre-norm state) is caught here already:
+the calibration refuses to be written (``CalibrationMismatchError``) instead of being made to fit it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from eagle_assets.errors import TargetError
+from eagle_assets.hidden_states.fidelity import (
+    LAST,
+    Calibration,
+    FidelityConfig,
+    NextTokenFigures,
+    ShardCalibration,
+    head_predictions,
+    logprob_noise,
+    mean_norm,
+    pick_calibration_samples,
+    pick_positions,
+    precision_eps,
+    projection,
+    signature,
+)
+from eagle_assets.hidden_states.layers import AuxLayers
+from eagle_assets.hidden_states.store import HiddenStateSample, dtype_name, input_fingerprint
+
+SGLANG_SOURCE = "sglang"
+Generate = Callable[..., Any]  # ``Engine.generate(**request)`` or ``SGLangHTTPClient.generate``
+
+
+class CalibrationResponseError(TargetError, RuntimeError):
+    """The engine's answer to a calibration request lacks the log-probabilities or is misaligned with the input."""
+
+
+class CalibrationMismatchError(TargetError, RuntimeError):
+    """The engine's returned last state does not reproduce the engine's own log-probabilities through the head."""
+
+
+def build_calibration_request(batch: Sequence[HiddenStateSample]) -> dict[str, Any]:
+    """One ``generate`` call scoring every input token of ``batch`` (see the module docstring for each field)."""
+    return {
+        "input_ids": [list(map(int, s.input_ids)) for s in batch],
+        "sampling_params": {"max_new_tokens": 1, "temperature": 1.0, "top_p": 1.0},
+        "return_logprob": True,
+        "logprob_start_len": 0,
+        "top_logprobs_num": 1,
+        "return_hidden_states": True,
+    }
+
+
+def scored_by_engine(
+    response: Mapping[str, Any], sample: HiddenStateSample, positions: Sequence[int]
+) -> tuple[list[int], list[float]]:
+    """(the engine's top-1, its log-probability of the actual next token) at each position ``t`` of ``sample``."""
+    meta = response.get("meta_info")
+    if not isinstance(meta, Mapping) or "input_token_logprobs" not in meta or "input_top_logprobs" not in meta:
+        raise CalibrationResponseError(
+            f"sample {sample.sample_id}: no meta_info.input_token_logprobs / input_top_logprobs: send "
+            "return_logprob=true, logprob_start_len=0, top_logprobs_num=1"
+        )
+    tokens, tops = meta["input_token_logprobs"], meta["input_top_logprobs"]
+    n = len(sample.input_ids)
+    if len(tokens) != n or len(tops) != n:
+        raise CalibrationResponseError(
+            f"sample {sample.sample_id}: {len(tokens)} input log-probs and {len(tops)} top lists for {n} input "
+            "tokens (logprob_start_len not 0? a cached prefix?)"
+        )
+    if tokens[0][0] is not None:
+        raise CalibrationResponseError(
+            f"sample {sample.sample_id}: the first input token has a log-prob; this SGLang pads it with None, so "
+            "entries would be misaligned by one position"
+        )
+    top1, logprob = [], []
+    for t in positions:
+        entry, top = tokens[t + 1], tops[t + 1]
+        if int(entry[1]) != int(sample.input_ids[t + 1]):
+            raise CalibrationResponseError(
+                f"sample {sample.sample_id}: input log-prob {t + 1} is for token {entry[1]}, the input has "
+                f"{sample.input_ids[t + 1]}"
+            )
+        if not top:
+            raise CalibrationResponseError(f"sample {sample.sample_id}: no top log-prob at input position {t + 1}")
+        top1.append(int(top[0][1]))
+        logprob.append(float(entry[0]))
+    return top1, logprob
+
+
+def _last_rows(response: Mapping[str, Any], sample: HiddenStateSample, hidden_size: int) -> torch.Tensor:
+    from eagle_assets.hidden_states.extract_sglang import features_from_response
+
+    return features_from_response(response, sample, hidden_size)
+
+
+def calibrate_shard_engine(
+    generate: Generate,
+    samples: Sequence[HiddenStateSample],
+    layers: AuxLayers,
+    head: Callable[[torch.Tensor], torch.Tensor],
+    *,
+    shard: str,
+    key: str,
+    hidden_size: int,
+    store_dtype: torch.dtype,
+    compute_dtype: torch.dtype = torch.bfloat16,
+    config: FidelityConfig | None = None,
+) -> ShardCalibration:
+    """One store shard's calibration from the ``last`` engine: one request for the calibration samples.
+
+    ``head`` is the target's head as the checks load it (``load_target_head``); ``compute_dtype`` is what the
+    engine computes in (bf16 for Kimi), which bounds how precise a stored state can be.
+    """
+    config = config or FidelityConfig()
+    masks = [list(s.loss_mask) for s in samples]
+    chosen = pick_calibration_samples(masks, config, key)
+    if not chosen:
+        raise ValueError(f"corpus shard {key}: no sample has a response token to predict; nothing to calibrate on")
+    positions = pick_positions(masks, config.positions, config.seed, key, "calibration-positions", chosen)
+    per_sample = {i: [t for j, t in positions if j == i] for i in chosen}
+    asked = [i for i in chosen if per_sample[i]]
+    answers = generate(**build_calibration_request([samples[i] for i in asked]))
+    if isinstance(answers, Mapping):
+        answers = [answers]
+    if len(answers) != len(asked):
+        raise CalibrationResponseError(f"{len(answers)} answers for {len(asked)} calibration prompts")
+    top1: list[int] = []
+    logprob: list[float] = []
+    next_ids: list[int] = []
+    groups: list[int] = []
+    last_parts = []
+    for i, answer in zip(asked, answers, strict=True):
+        ts = per_sample[i]
+        t1, lp = scored_by_engine(answer, samples[i], ts)
+        top1 += t1
+        logprob += lp
+        next_ids += [int(samples[i].input_ids[t + 1]) for t in ts]
+        groups += [i] * len(ts)
+        last_parts.append(_last_rows(answer, samples[i], hidden_size)[torch.tensor(ts)])
+    last = torch.cat(last_parts)
+    ids, top1_t, lp_t = torch.tensor(next_ids), torch.tensor(top1), torch.tensor(logprob)
+    rounded_top1, own_lp = head_predictions(head, last.to(store_dtype), ids)
+    eps = precision_eps(store_dtype, compute_dtype)
+    noise = logprob_noise(head, last, ids, eps, config.seed, logits_dtype=compute_dtype)
+    own = float((own_lp.double() - lp_t.double()).abs().mean())
+    if not own <= config.deviation_factor * noise:
+        raise CalibrationMismatchError(
+            f"shard {shard} ({key}): the engine's returned last state, through the target's head, is off the "
+            f"engine's own log-probabilities by {own:.4f} per position, more than {config.deviation_factor:g} × "
+            f"the noise floor {noise:.4f}: the engine returns a state other than the one its head reads (another "
+            "layer? a pre-norm state?); no calibration is written"
+        )
+    proj = projection(hidden_size, config.signature_dims, config.seed)
+    return ShardCalibration(
+        shard=shard,
+        key=key,
+        input_fingerprint=input_fingerprint(samples),
+        samples=[samples[i].sample_id for i in asked],
+        positions=[(i, t) for i in asked for t in per_sample[i]],
+        next_ids=next_ids,
+        target_top1=top1,
+        target_logprob=logprob,
+        target=NextTokenFigures.of(top1_t, lp_t, ids, groups),
+        dtype_consistency=float((rounded_top1 == top1_t).double().mean()),
+        hf_indices=list(layers.hf_indices),
+        norms={LAST: mean_norm(last)},
+        signatures={LAST: signature(last[: config.signature_positions], proj).tolist()},
+        distinct={},
+        logprob_noise=noise,
+        source=SGLANG_SOURCE,
+    )
+
+
+def calibrate_store_engine(
+    generate: Generate,
+    shards: Sequence[tuple[str, Sequence[HiddenStateSample]]],
+    layers: AuxLayers,
+    head: Callable[[torch.Tensor], torch.Tensor],
+    *,
+    model_id: str,
+    hidden_size: int,
+    store_dtype: torch.dtype,
+    compute_dtype: torch.dtype = torch.bfloat16,
+    config: FidelityConfig | None = None,
+) -> Calibration:
+    """The calibration file of an SGLang store: one record per corpus shard, in the store's shard order."""
+    config = config or FidelityConfig()
+    records = {}
+    for index, (key, samples) in enumerate(shards):
+        name = f"shard-{index:05d}"
+        records[name] = calibrate_shard_engine(
+            generate,
+            samples,
+            layers,
+            head,
+            shard=name,
+            key=key,
+            hidden_size=hidden_size,
+            store_dtype=store_dtype,
+            compute_dtype=compute_dtype,
+            config=config,
+        )
+    return Calibration(model_id, dtype_name(store_dtype), "post_norm", config, records)
+
+
+def calibration_is_current(
+    existing: Calibration | None, shards: Sequence[tuple[str, Sequence[HiddenStateSample]]], config: FidelityConfig
+) -> bool:
+    """Whether a calibration already on disk covers these shards' inputs with these settings (a resumed pass
+    with nothing left to do then starts no engine)."""
+    if existing is None or existing.config != config or len(existing.shards) != len(shards):
+        return False
+    return all(
+        (rec := existing.shards.get(f"shard-{i:05d}")) is not None and rec.input_fingerprint == input_fingerprint(s)
+        for i, (_, s) in enumerate(shards)
+    )
