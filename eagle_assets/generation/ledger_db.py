@@ -20,6 +20,7 @@ This module owns only what differs between them:
 """
 
 import logging
+import os
 import re
 import select
 import sqlite3
@@ -68,6 +69,72 @@ LEDGER_LOCK_KEY = 0x6561676C65  # "eagle"
 
 class DatabaseConfigError(ConfigError, ValueError):
     """The database setting names nothing this ledger can open."""
+
+
+class SQLiteLedgerRefused(DatabaseConfigError):
+    """A SQLite ledger where it cannot hold one account's budget: on a network file system, or under a pod per step."""
+
+
+# File systems a SQLite ledger must not live on: its locks and WAL's shared memory are per client there (NFS,
+# Lustre, EFS, SMB, most FUSE file systems), so hosts sharing the file would each see their own budget, or
+# corrupt it. ``fuseblk`` is a local block device behind FUSE (ntfs-3g) and is not among them.
+NETWORK_FILE_SYSTEMS = ("nfs", "nfs4", "lustre", "efs", "cifs", "smb3", "smbfs", "ceph", "glusterfs", "9p")
+_MOUNT_ESCAPE = re.compile(r"\\([0-7]{3})")
+
+
+def mount_of(path: Path, mounts: str) -> tuple[str, str] | None:
+    """The (mount point, file-system type) that holds absolute ``path``, from a ``/proc/mounts`` text: the
+    longest mount point above it (the last one listed wins when one is mounted over another)."""
+    best: tuple[str, str] | None = None
+    target = path.as_posix()
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = _MOUNT_ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), fields[1])  # "\040" is a space
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and (best is None or len(point) >= len(best[0])):
+            best = (point, fields[2])
+    return best
+
+
+def network_mount(path: Path, mounts: str) -> tuple[str, str] | None:
+    """The (mount point, type) of ``path``'s file system if it is a network or FUSE one, else None."""
+    found = mount_of(path, mounts)
+    if found is None:
+        return None
+    kind = found[1].lower()
+    if kind in NETWORK_FILE_SYSTEMS or kind == "fuse" or kind.startswith("fuse."):
+        return found
+    return None
+
+
+def check_sqlite_location(path: Path, mounts: str, executor: str) -> None:
+    """Refuse a SQLite ledger that several hosts would split or share unsafely (``SQLiteLedgerRefused``).
+
+    ``mounts``: a ``/proc/mounts`` text ("" where there is none); ``executor``: ``EAGLE_FORGE_EXECUTOR``.
+    """
+    if executor.strip().lower() == "k8s":
+        raise SQLiteLedgerRefused(
+            f"EAGLE_FORGE_EXECUTOR=k8s runs every step in a pod of its own, but the budget ledger is the SQLite file"
+            f" {path}: each pod would keep its own budget and in-flight cap. Set EAGLE_FORGE_DATABASE_URL (or the"
+            " openrouter resource's database_url) to the PostgreSQL database every pod shares."
+        )
+    found = network_mount(path, mounts)
+    if found is not None:
+        point, kind = found
+        raise SQLiteLedgerRefused(
+            f"the budget ledger's SQLite file {path} lies on a {kind} mount ({point}): SQLite's locks do not hold"
+            " across its clients, so hosts sharing it would overspend or corrupt it. Set EAGLE_FORGE_DATABASE_URL"
+            " to a PostgreSQL database for several hosts, or to sqlite:////a/local/path/ledger.sqlite for one."
+        )
+
+
+def _proc_mounts() -> str:
+    try:
+        return Path("/proc/mounts").read_text()
+    except OSError:  # not Linux: nothing to check against
+        return ""
 
 
 class LedgerDatabaseUnavailable(ConnectionError):
@@ -217,6 +284,7 @@ class SQLiteLedgerDatabase(LedgerDatabase):
 
     def __init__(self, path: Path) -> None:
         super().__init__()
+        check_sqlite_location(path.resolve(), _proc_mounts(), os.environ.get("EAGLE_FORGE_EXECUTOR", ""))
         self.path = path
         self.description = f"SQLite {path}"
         path.parent.mkdir(parents=True, exist_ok=True)
