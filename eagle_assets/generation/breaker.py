@@ -6,12 +6,21 @@ endpoint and cannot be disabled." for a ``reasoning: {enabled: false}`` in the c
 ``Input required: specify "prompt" or "messages"``. Skipping them all would end the partition
 "completed" with nothing bought, and the journaled skips would never be asked again.
 
-The breaker watches the skips: when ``threshold`` of them carry the same error class and the same
-normalized message with no success since (the first ``threshold`` answers of a run, or a streak
-later), the error is request-wide. The run then stops as fatal with that message, and those skips
-are not journaled as final, so the prompts are asked again once the request is fixed. Until the
-first success it also says the run is ``probing``: the runner keeps its first wave to ``threshold``
-requests for a moment, so a request-wide error costs that many requests, not a wave of 2000.
+The breaker watches the skips. Refusals about a prompt's content (moderation, content guardrails:
+``PER_PROMPT``) never count: they say nothing about the request. For the others it counts, per error
+class and normalized message, the skips since the last success, and calls the error request-wide
+when that count reaches ``threshold`` and is at least half of everything that is open or answered
+since the last success (requests still out included: a wave of 2000 whose 80 fast 400s come back
+first is not "all alike"). Once the partition has a success (this run, or in the journal on a rerun)
+the request is known to work, so it takes ``PROVEN_FACTOR`` times as many: a handful of prompts bad
+one by one, asked again alone on a rerun, never trips. A trip stops the run as fatal with that
+message, and those skips are not journaled, so the prompts are asked again once the request is fixed.
+
+The first wave (``holds_first_wave``): until the first success the runner keeps ``threshold``
+requests out, until ``threshold`` answers of any kind came back; on a partition with a success it
+goes on at that width while every answer is the same skip, until the breaker decides. A
+request-wide error then costs ``threshold`` requests on a new partition, ``PROVEN_FACTOR`` times as
+many on one with a success, never a wave of ``max_in_flight``; a normal run waits one latency.
 
 A pure class: no clock, no I/O; the runner feeds it answers.
 """
@@ -29,6 +38,14 @@ _VOLATILE = re.compile(
     re.I,
 )
 _SPACES = re.compile(r"\s+")
+
+# Skip classes about the prompt's content, never the request's configuration: a moderation 403 (``reasons``,
+# ``flagged_input``), a content guardrail, a prompt longer than the context (refused before it is sent).
+PER_PROMPT = frozenset({"moderation", "guardrail_blocked", "prompt_too_long"})
+# How much more evidence a partition with a success needs: its request has worked.
+PROVEN_FACTOR = 4
+# The share of the answers and open requests since the last success that one cause must reach.
+SHARE = 0.5
 
 
 def normalize_message(text: str) -> str:
@@ -52,50 +69,82 @@ class Trip:
             f"request-wide error: {self.count} answers in a row without a success were {self.error_class}"
             f" with the same message: {self.message or '(no message)'} — every prompt would get it, so the"
             " request itself is wrong (model, parameters, reasoning or provider settings); nothing was journaled"
-            " for these prompts: fix the configuration and re-materialize"
+            " for these prompts: fix the configuration and re-materialize (if these prompts really are bad one by"
+            " one, breaker_threshold 0 journals them as skips)"
         )
 
 
 class RequestWideBreaker:
-    """Counts skip answers per (class, normalized message) since the last success; ``threshold`` 0 disables."""
+    """Counts skip answers per (class, normalized message) since the last success; ``threshold`` 0 disables.
 
-    def __init__(self, threshold: int = 8) -> None:
+    ``proven``: the partition's journal already holds a success (a rerun), so more evidence is needed."""
+
+    def __init__(self, threshold: int = 8, *, proven: bool = False) -> None:
         if threshold < 0:
             raise ValueError("breaker threshold must be >= 0 (0 disables it)")
         self.threshold = threshold
-        self.seen_success = False
+        self.proven = proven
+        self.seen_success = False  # in this run
         self.tripped: Trip | None = None
         self._counts: Counter[Signature] = Counter()
         self._first_message: dict[Signature, str] = {}
+        self._streak = 0  # skips of any kind since the last success
+        self._responses = 0  # answers of any kind this run (retried errors included)
 
     @staticmethod
     def signature(error_class: str, message: str) -> Signature:
         return error_class, normalize_message(message)
 
     @property
-    def probing(self) -> bool:
-        """No success yet this run: whether the request works at all is still open."""
-        return self.threshold > 0 and not self.seen_success and self.tripped is None
+    def needed(self) -> int:
+        """Alike skips that make an error request-wide: ``threshold``, more once a success is known."""
+        return self.threshold * (PROVEN_FACTOR if self.proven else 1)
+
+    @property
+    def probe_size(self) -> int:
+        """Requests the first wave may take before it opens (``threshold`` of them out at once)."""
+        return self.needed
+
+    @property
+    def holds_first_wave(self) -> bool:
+        """Whether the runner keeps its first wave at ``threshold`` requests: no success yet, and fewer than
+        ``threshold`` answers came back, or (with a success known) every skip so far is one cause still short
+        of ``needed``."""
+        if self.threshold == 0 or self.tripped is not None or self.seen_success:
+            return False
+        if self._responses < self.threshold:
+            return True
+        return self.proven and len(self._counts) == 1 and self._streak < self.needed
 
     @property
     def suspect(self) -> bool:
-        """Some skip since the last success (or since the start)."""
+        """Some skip that counts since the last success (or since the start)."""
         return bool(self._counts)
 
+    def on_response(self) -> None:
+        """Any answer to a request (success, skip, error to retry): the first wave opens after ``threshold``."""
+        self._responses += 1
+
     def on_success(self) -> None:
-        self.seen_success = True
+        self.seen_success = self.proven = True
         self._counts.clear()
         self._first_message.clear()
+        self._streak = 0
 
-    def on_skip(self, error_class: str, message: str) -> Trip | None:
-        """One skip answer; returns the trip when this one makes the error request-wide (once)."""
+    def on_skip(self, error_class: str, message: str, open_requests: int = 0) -> Trip | None:
+        """One skip answer, with ``open_requests`` others still out; returns the trip when this one makes the
+        error request-wide (once)."""
         if self.threshold == 0 or self.tripped is not None:
+            return None
+        self._streak += 1
+        if error_class in PER_PROMPT:
             return None
         sig = self.signature(error_class, message)
         self._counts[sig] += 1
         self._first_message.setdefault(sig, message)
-        if self._counts[sig] >= self.threshold:
-            self.tripped = Trip(error_class, self._first_message[sig], self._counts[sig])
+        count = self._counts[sig]
+        if count >= self.needed and count >= SHARE * (self._streak + max(0, open_requests)):
+            self.tripped = Trip(error_class, self._first_message[sig], count)
             return self.tripped
         return None
 

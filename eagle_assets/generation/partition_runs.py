@@ -62,7 +62,6 @@ def generation_settings(openrouter: OpenRouterResource) -> GenerationSettings:
         ),
         tail_fraction=openrouter.budget_tail_fraction,
         breaker_threshold=openrouter.breaker_threshold,
-        probe_window_s=openrouter.breaker_probe_s,
         reask_skipped=openrouter.reask_skipped,
         others_stall_s=openrouter.others_stall_s,
     )

@@ -103,10 +103,10 @@ class GenerationSettings:
     # Attempts that may have been billed are charged provisionally and settled from /generation later.
     settlement: SettlementSchedule = field(default_factory=SettlementSchedule)
     # A request-wide error (``breaker``): this many skips of one class and message with no success between stop
-    # the run as fatal (0: never); until the first success at most this many requests are out, for
-    # ``probe_window_s`` or while skips come back. ``reask_skipped``: journaled skips are asked again.
+    # the run as fatal (0: never; four times as many once the partition has a success); until the first success
+    # at most this many requests are out, until this many answers came back. ``reask_skipped``: journaled skips
+    # are asked again.
     breaker_threshold: int = 8
-    probe_window_s: float = 1.0
     reask_skipped: bool = False
     # Refused while only other runs' requests are open, a run waits for them; this long without a change in
     # what they hold (a live host whose requests hang), it stops as the budget would.
@@ -123,8 +123,8 @@ class GenerationSettings:
             raise ValueError("stream_idle_timeout_s must be positive")
         if not 0.0 <= self.tail_fraction < 1.0:
             raise ValueError("tail_fraction must be in [0, 1)")
-        if self.breaker_threshold < 0 or self.probe_window_s < 0:
-            raise ValueError("breaker_threshold and probe_window_s must be >= 0")
+        if self.breaker_threshold < 0:
+            raise ValueError("breaker_threshold must be >= 0")
         if self.others_stall_s <= 0:
             raise ValueError("others_stall_s must be positive")
 
@@ -267,7 +267,7 @@ class PartitionRunner:
         self.breaker = RequestWideBreaker(settings.breaker_threshold)
         self._held: list[dict[str, Any]] = []  # skips not journaled until a success says the request works
         self._probe_over = False
-        self._probe_taken = 0  # prompts taken while the first wave waits for a success
+        self._probe_taken = 0  # prompts taken while the first wave is held (``breaker.holds_first_wave``)
         self._nothing_bought = ""  # why a partition with skips and no success fails
 
     # --- cost model ---------------------------------------------------------------------------
@@ -327,6 +327,8 @@ class PartitionRunner:
             }
             self.report.refunded_orphans_usd = self.ledger.correct_orphans(self.job.key, actual)
             await self._settle_earlier()  # orphans of killed runs, attempts earlier runs left uncertain
+            # A success journaled earlier says the request worked: the breaker then needs more evidence.
+            self.breaker.proven = any(r.get("status") == "ok" for r in journal)
             if self.job.chains is None:
                 pending = [p for p in self.job.prompts if self._to_ask(journal, p.prompt_id)]
                 self.report.already_done = self.report.total - len(pending)
@@ -334,9 +336,12 @@ class PartitionRunner:
                 if self.report.reasked_skips:
                     self.emit(f"{self.job.key}: asking {self.report.reasked_skips} skipped prompts again")
             else:
-                pending, owed = self.job.chains.resume(journal.records)
+                pending, owed = self.job.chains.resume(journal.records, self.s.reask_skipped)
                 journal.append_many(owed)  # chains that ended at a journaled turn before a crash marked the rest
-                self.report.already_done = self.job.chains.done_count(journal.records)
+                self.report.already_done = self.job.chains.done_count(journal.records, self.s.reask_skipped)
+                self.report.reasked_skips = self.job.chains.restarted_at_skip
+                if self.report.reasked_skips:
+                    self.emit(f"{self.job.key}: asking {self.report.reasked_skips} skipped turns again")
             self.ledger.note_model(self.job.dataset, self.s.model)
             self._spent_at_poll = self.ledger.totals().usd_spent
             await self._poll_key(initial=True)
@@ -382,16 +387,13 @@ class PartitionRunner:
 
     # --- admission ----------------------------------------------------------------------------
     def _probing(self, now: float) -> bool:
-        """The first wave waits: until the first success, at most ``breaker_threshold`` prompts are taken, for
-        ``probe_window_s``, or while their skips come back, until they have all answered. A request-wide error
-        then costs that many requests, not a wave of ``max_in_flight``."""
+        """The first wave is held (``breaker.holds_first_wave``): until the first success or ``breaker_threshold``
+        answers, whichever comes first, however long the answers take. A request-wide error then costs that many
+        requests, not a wave of ``max_in_flight``; a working request, one latency at the start."""
         if self._probe_over:
             return False
-        if self.breaker.probing:
-            if now - self._ramp_start < self.s.probe_window_s:
-                return True
-            if self.breaker.suspect and self._busy > 0:
-                return True  # skips came back: wait for the rest of the probe before opening
+        if self.breaker.holds_first_wave and not self._abort.is_set():
+            return True
         self._probe_over = True
         self._ramp_start = now  # the slow start opens from here
         return False
@@ -401,7 +403,8 @@ class PartitionRunner:
         limit = self._slot_limit
         now = time.monotonic()
         if self._probing(now):
-            return max(0, min(limit, self.breaker.threshold - self._probe_taken + self._busy))
+            taken_left = self.breaker.probe_size - self._probe_taken
+            return max(0, min(limit, self.breaker.threshold, taken_left + self._busy))
         ramp = self.s.startup_ramp_s
         if ramp is None:
             ramp = 0.00025 * self.s.max_in_flight
@@ -706,6 +709,7 @@ class PartitionRunner:
             raw = await self._send(payload, tries.res)
             tries.attempts += 1
             self.report.requests += 1
+            self.breaker.on_response()
             if not await self._on_outcome(tries, raw, classify(raw)):
                 return
         self.ledger.release(tries.res)
@@ -892,24 +896,31 @@ class PartitionRunner:
         return record.get("status") == "skipped" and (self.s.reask_skipped or record.get("final") is False)
 
     def _skip(self, prompt: Prompt, res: Reservation, out: Outcome, attempts: int) -> None:
-        """A skip waits until a success shows the request itself works; if it is one of ``breaker_threshold``
-        alike with no success between, the error is request-wide: the run stops and nothing is journaled."""
+        """A skip waits until a success shows the request itself works (an every_turn chain waits with it); if
+        the breaker finds it request-wide (``breaker``), the run stops and none of its kind is journaled."""
         self.ledger.release(res)  # a refusal is not billed (a cost it reported was recorded above)
-        trip = self.breaker.on_skip(out.error_class, out.message)
+        trip = self.breaker.on_skip(out.error_class, out.message, open_requests=self._busy - 1)
         if trip is not None:
-            self._held = [r for r in self._held if not self.breaker.is_tripped_by(r["error_class"], r["message"])]
+            self._drop_tripped_held()
             self.report.request_wide_skips = trip.count
             self._stop("fatal", trip.describe(), abort=True)
             return
         if self.breaker.is_tripped_by(out.error_class, out.message):
             self.report.request_wide_skips += 1
             return
-        record = skipped_record(prompt, out.error_class, out.message, attempts)
         if self.job.chains is not None:
-            # A turn's skip ends its conversation (``turn_chains``), which must see it now: journaled at once.
-            self._commit_q.put_nowait((record, None))
-            return
-        self._held.append(record)
+            self.job.chains.on_held(prompt.prompt_id)  # the conversation goes on or ends when it is journaled
+        self._held.append(skipped_record(prompt, out.error_class, out.message, attempts))
+
+    def _drop_tripped_held(self) -> None:
+        """The skips held of the error that opened the breaker are never journaled (asked again next run)."""
+        kept = []
+        for record in self._held:
+            if not self.breaker.is_tripped_by(record["error_class"], record["message"]):
+                kept.append(record)
+            elif self.job.chains is not None:
+                self.job.chains.drop_held(record["prompt_id"])
+        self._held = kept
 
     def _confirm_skips(self) -> None:
         """A success: the request works, so the skips held so far are the prompts' own; journal them."""

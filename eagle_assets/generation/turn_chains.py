@@ -10,8 +10,14 @@ each turn's prompt is exactly what was sent for it (its record keeps those messa
 States of a chain: ``running`` (its next turn is queued, reserved or being asked), ``finished``
 (the runner gave up on that turn without an answer: retries exhausted, no headroom for a retry,
 or the run was aborted; it becomes ``dead`` once the commit queue is drained and no record
-arrived), ``done`` (every turn journaled, or the chain stopped early, :func:`chain_end`). A dead
-chain's later turns are not started; the next run asks its failed turn again.
+arrived), ``held`` (the turn was skipped and the runner holds the skip until a success says the
+request works, as for single prompts; it goes on when the skip is journaled, or dies with a
+request-wide error), ``done`` (every turn journaled, or the chain stopped early, :func:`chain_end`).
+A dead chain's later turns are not started; the next run asks its failed turn again.
+
+A skip journaled as not final (no success in the partition confirmed it), or any skip with
+``reask_skipped``, is asked again: the chain restarts at that turn, and the stop records of its later
+turns are superseded as it goes on.
 """
 
 import time
@@ -36,6 +42,19 @@ def chain_stop_record(prompt_id: str, end: ChainEnd) -> dict[str, Any]:
     }
 
 
+# Classes of the records that mark a chain's later turns as not asked (``chain_stop_record``): never asked
+# again by themselves; the turn that ended the chain is.
+STOP_CLASSES = frozenset({"previous_turn_skipped", "previous_turn_called_tools", "previous_turn_cut"})
+
+
+def asked_again(record: Mapping[str, Any], reask_skipped: bool) -> bool:
+    """A journaled turn asked again: a skip not confirmed by a success (not final), or any skip with
+    ``reask_skipped``; never a kept answer or a chain's stop record."""
+    if record.get("status") != "skipped" or record.get("error_class") in STOP_CLASSES:
+        return False
+    return reask_skipped or record.get("final") is False
+
+
 def split_turn_id(prompt_id: str) -> tuple[str, int] | None:
     """``<conversation>#t<k>`` → (conversation id, 0-based turn), or None for other ids."""
     head, sep, tail = prompt_id.rpartition(TURN_SEPARATOR)
@@ -48,7 +67,7 @@ def split_turn_id(prompt_id: str) -> tuple[str, int] | None:
 class _Chain:
     conv: Conversation
     answers: list[Mapping[str, Any]] = field(default_factory=list)
-    state: str = "waiting"  # waiting (not yet resumed) | running | finished | dead | done
+    state: str = "waiting"  # waiting (not yet resumed) | running | finished | held | dead | done
 
     @property
     def n(self) -> int:
@@ -86,6 +105,7 @@ class TurnChains:
             raise ValueError("conversation ids must be unique within a partition")
         self.total = sum(ch.n for ch in self._chains.values())
         self._states: Counter[str] = Counter({"waiting": len(self._chains)})
+        self.restarted_at_skip = 0  # chains the last ``resume`` restarts at a journaled skip
 
     def _set(self, ch: _Chain, state: str) -> None:
         self._states[ch.state] -= 1
@@ -99,20 +119,35 @@ class TurnChains:
         for ch in self._chains.values():
             yield from ch.turn_ids()
 
-    def done_count(self, journaled: Mapping[str, Any] | Any) -> int:
-        return sum(1 for pid in self.prompt_ids() if pid in journaled)
+    def done_count(self, journaled: Mapping[str, Mapping[str, Any]], reask_skipped: bool = False) -> int:
+        """Turns journaled for good: those before a chain's first turn that is asked again (see ``asked_again``)."""
+        done = 0
+        for ch in self._chains.values():
+            for pid in ch.turn_ids():
+                rec = journaled.get(pid)
+                if rec is not None and asked_again(rec, reask_skipped):
+                    break
+                done += rec is not None
+        return done
 
-    def resume(self, journaled: Mapping[str, Mapping[str, Any]]) -> tuple[list[Prompt], list[dict[str, Any]]]:
-        """The next turn of every unfinished conversation, from the journal; and the stop records a crash left
-        unwritten (a chain that ended at a journaled turn whose later turns were not yet marked)."""
+    def resume(
+        self, journaled: Mapping[str, Mapping[str, Any]], reask_skipped: bool = False
+    ) -> tuple[list[Prompt], list[dict[str, Any]]]:
+        """The next turn of every unfinished conversation, from the journal (a turn ``asked_again`` is that next
+        turn); and the stop records a crash left unwritten (a chain that ended at a journaled turn whose later
+        turns were not yet marked)."""
         ready: list[Prompt] = []
         owed: list[dict[str, Any]] = []
+        self.restarted_at_skip = 0
         for ch in self._chains.values():
             ch.answers = []
             self._set(ch, "running")
             for k, pid in enumerate(ch.turn_ids()):
                 rec = journaled.get(pid)
                 if rec is None:
+                    break
+                if asked_again(rec, reask_skipped):
+                    self.restarted_at_skip += 1
                     break
                 end = chain_end(rec)
                 if end is not None and k < ch.n - 1:
@@ -133,7 +168,7 @@ class TurnChains:
         if parsed is None:
             return None, []
         ch = self._chains.get(parsed[0])
-        if ch is None or ch.state not in ("running", "finished") or parsed[1] != ch.next_turn:
+        if ch is None or ch.state not in ("running", "finished", "held") or parsed[1] != ch.next_turn:
             return None, []  # a stop record, or a turn of a chain that already moved on
         end = chain_end(record)
         if parsed[1] == ch.n - 1:
@@ -149,10 +184,29 @@ class TurnChains:
 
     def attempt_finished(self, prompt_id: str) -> None:
         """The runner is done with this turn; if its record does not come, the chain dies (see ``reap``)."""
+        ch = self._current(prompt_id)
+        if ch is not None and ch.state == "running":
+            self._set(ch, "finished")
+
+    def on_held(self, prompt_id: str) -> None:
+        """The turn was skipped and the runner holds the skip: the chain waits for it to be journaled, neither
+        open (nothing comes before that) nor dead."""
+        ch = self._current(prompt_id)
+        if ch is not None and ch.state == "running":
+            self._set(ch, "held")
+
+    def drop_held(self, prompt_id: str) -> None:
+        """A held skip that will not be journaled (a request-wide error): the chain dies at that turn, which the
+        next run asks again."""
+        ch = self._current(prompt_id)
+        if ch is not None and ch.state == "held":
+            self._set(ch, "dead")
+
+    def _current(self, prompt_id: str) -> _Chain | None:
+        """The chain whose next turn this is, if any."""
         parsed = split_turn_id(prompt_id)
         ch = self._chains.get(parsed[0]) if parsed else None
-        if ch is not None and parsed is not None and ch.state == "running" and parsed[1] == ch.next_turn:
-            self._set(ch, "finished")
+        return ch if ch is not None and parsed is not None and parsed[1] == ch.next_turn else None
 
     def reap(self) -> int:
         """Call once every queued commit is in: chains whose turn ended without a record are dead."""

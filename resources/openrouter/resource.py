@@ -138,11 +138,10 @@ class OpenRouterResource(ConfigurableResource):
     breaker_threshold: int = Field(
         default=8,
         ge=0,
-        description="This many skips (400/403) of one class and message with no success between stop the run as a"
-        " request-wide error, journaling none of them; the first wave waits for a success up to this many (0: off)",
-    )
-    breaker_probe_s: float = Field(
-        default=1.0, ge=0, description="How long the first wave stays at breaker_threshold requests"
+        description="This many skips (400/403, not moderation or guardrails) of one class and message with no"
+        " success between stop the run as a request-wide error, journaling none of them (four times as many once"
+        " the partition has a success); the first wave stays at this many requests until as many answers or a"
+        " success came back (0: off)",
     )
     reask_skipped: bool = Field(
         default=False,

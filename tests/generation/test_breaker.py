@@ -31,10 +31,10 @@ def skip_of(file: str):
 def test_the_same_recorded_400_on_every_answer_trips_after_threshold(file):
     out = skip_of(file)
     breaker = RequestWideBreaker(threshold=5)
-    assert breaker.probing
+    assert breaker.holds_first_wave
     trips = [breaker.on_skip(out.error_class, out.message) for _ in range(5)]
     assert trips[:4] == [None] * 4 and trips[4] is not None
-    assert trips[4].count == 5 and trips[4].message == out.message and not breaker.probing
+    assert trips[4].count == 5 and trips[4].message == out.message and not breaker.holds_first_wave
     assert "request-wide error" in trips[4].describe() and out.message in trips[4].describe()
     assert breaker.on_skip(out.error_class, out.message) is None  # it trips once
     assert breaker.is_tripped_by(out.error_class, out.message)
@@ -48,9 +48,10 @@ def test_per_prompt_skips_between_successes_never_trip():
         assert breaker.on_skip(context.error_class, context.message) is None
         assert breaker.on_skip(moderation.error_class, moderation.message) is None
         breaker.on_success()
-    assert breaker.tripped is None and breaker.seen_success and not breaker.probing and not breaker.suspect
+    assert breaker.tripped is None and breaker.seen_success and not breaker.holds_first_wave and not breaker.suspect
     # Two causes alternating are two counts, not one.
     mandatory = skip_of("chat/400_reasoning_mandatory.json")
+    breaker = RequestWideBreaker(threshold=3)
     assert breaker.on_skip(mandatory.error_class, mandatory.message) is None
     assert breaker.on_skip(context.error_class, context.message) is None
     assert breaker.on_skip(mandatory.error_class, mandatory.message) is None
@@ -64,7 +65,7 @@ def test_messages_alike_but_for_numbers_and_ids_are_one_cause():
     assert normalize_message("Generation gen-1773323560-Tq8XbV3nLm5oPz0rWs1e failed") == "generation # failed"
     assert normalize_message(MANDATORY) != normalize_message('Input required: specify "prompt" or "messages"')
     off = RequestWideBreaker(threshold=0)
-    assert not off.probing and all(off.on_skip("bad_request", MANDATORY) is None for _ in range(100))
+    assert not off.holds_first_wave and all(off.on_skip("bad_request", MANDATORY) is None for _ in range(100))
     with pytest.raises(ValueError):
         RequestWideBreaker(threshold=-1)
 
