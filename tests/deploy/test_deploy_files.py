@@ -3,21 +3,25 @@ PostgreSQL), dagster-k8s parses the step tags and builds their pods, the Kuberne
 values' pod snippets, Dagster's workspace schema reads the Compose workspace. (Docker itself is not run.)"""
 
 import json
+import shlex
 import shutil
 from pathlib import Path
 
 import dagster as dg
 import pytest
 import yaml
+from click.testing import CliRunner
+from dagster._cli import cli as dagster_cli
 from dagster._core.execution.api import create_execution_plan
 from dagster._core.workspace.config_schema import process_workspace_config
 from dagster_k8s.job import DagsterK8sJobConfig, construct_dagster_k8s_job, get_user_defined_k8s_config
 from dagster_k8s.models import k8s_model_from_dict, k8s_snake_case_dict
-from kubernetes.client import V1EnvVar, V1PodSpec, V1ResourceRequirements, V1Volume, V1VolumeMount
+from kubernetes.client import V1EnvVar, V1Job, V1PodSpec, V1ResourceRequirements, V1Volume, V1VolumeMount
 
 from eagle_assets.k8s_placement import executor_from_env
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+REPO = Path(__file__).resolve().parents[2]
+DEPLOY = REPO / "deploy"
 
 
 def _yaml(path: Path):
@@ -159,7 +163,7 @@ def test_helm_values_are_kubernetes_objects_and_agree_with_the_instance_file():
 def test_compose_file_wires_webserver_daemon_code_server_and_postgres():
     compose = _yaml(DEPLOY / "docker" / "docker-compose.yaml")
     services = compose["services"]
-    assert set(services) == {"postgresql", "eagle_forge_code", "dagster_webserver", "dagster_daemon"}
+    assert set(services) == {"postgresql", "dagster_init", "eagle_forge_code", "dagster_webserver", "dagster_daemon"}
     pg_env = services["postgresql"]["environment"]
     workspace = _yaml(DEPLOY / "docker" / "workspace.yaml")
     process_workspace_config(workspace)  # Dagster's own schema
@@ -186,3 +190,74 @@ def test_compose_file_wires_webserver_daemon_code_server_and_postgres():
     ledger_db = code["environment"]["EAGLE_FORGE_DATABASE_URL"].rsplit("/", 1)[1]
     assert f"CREATE DATABASE {ledger_db};" in (DEPLOY / "docker" / "init-ledger.sql").read_text()
     assert "WORKDIR /opt/eagle-forge" in dockerfile
+
+
+# --- the one-shot instance setup (pools before the first runs) -------------------------------------
+def _init_commands(command: list[str]) -> list[list[str]]:
+    """``sh -c "dagster … && dagster …"`` → each dagster command's arguments (after ``dagster``)."""
+    assert command[:2] == ["sh", "-c"]
+    steps = [shlex.split(part) for part in command[2].split("&&")]
+    assert all(step[0] == "dagster" for step in steps)
+    return [step[1:] for step in steps]
+
+
+def _pool_limits_of_the_run_queue() -> dict[str, int]:
+    runs = _yaml(DEPLOY / "dagster.yaml")["concurrency"]["runs"]
+    return {t["value"]: t["limit"] for t in runs["tag_concurrency_limits"] if t["key"] == "eagle-forge/pool"}
+
+
+def test_compose_sets_the_pools_once_before_anything_claims_them(deploy_instance, monkeypatch):
+    """The init service's commands, run by Dagster's own CLI on a fresh PostgreSQL instance, leave both pools'
+    rows in place (so no two runs race to create them), with the run queue's limits; every Dagster service waits
+    for it to complete."""
+    services = _yaml(DEPLOY / "docker" / "docker-compose.yaml")["services"]
+    init = services["dagster_init"]
+    for name in ("eagle_forge_code", "dagster_webserver", "dagster_daemon"):
+        assert services[name]["depends_on"]["dagster_init"]["condition"] == "service_completed_successfully"
+    assert "../dagster.yaml:/opt/dagster/home/dagster.yaml:ro" in init["volumes"]
+    assert init["image"] == services["eagle_forge_code"]["image"]
+    monkeypatch.setenv("DAGSTER_HOME", str(deploy_instance))
+    for args in _init_commands(init["command"]):
+        result = CliRunner().invoke(dagster_cli, args, catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+    instance = dg.DagsterInstance.from_config(str(deploy_instance))
+    try:
+        storage = instance.event_log_storage
+        limits = {pool: storage.get_concurrency_info(pool).slot_count for pool in storage.get_concurrency_keys()}
+    finally:
+        instance.dispose()
+    assert limits == _pool_limits_of_the_run_queue() == {"openrouter": 8, "gpu": 1}
+
+
+def test_the_k8s_init_job_runs_the_same_setup_with_the_chart_instance():
+    job = _yaml(DEPLOY / "k8s" / "init-pools-job.yaml")
+    model = _k8s(V1Job, job)
+    pod = model.spec.template.spec
+    (container,) = pod.containers
+    compose_init = _yaml(DEPLOY / "docker" / "docker-compose.yaml")["services"]["dagster_init"]
+    assert _init_commands(container.command) == _init_commands(compose_init["command"])
+    values = _yaml(DEPLOY / "k8s" / "values.yaml")
+    (dep,) = values["dagster-user-deployments"]["deployments"]
+    assert container.image == f"{dep['image']['repository']}:{dep['image']['tag']}"
+    env = {e.name: e for e in container.env}
+    (mount,) = container.volume_mounts
+    assert mount.mount_path == f"{env['DAGSTER_HOME'].value}/dagster.yaml"
+    (volume,) = pod.volumes
+    assert volume.name == mount.name and volume.config_map.name == "dagster-instance"
+    assert env["DAGSTER_PG_PASSWORD"].value_from.secret_key_ref.name == "dagster-postgresql-secret"
+    assert pod.restart_policy == "OnFailure"
+    assert "kubectl apply -f deploy/k8s/init-pools-job.yaml" in (DEPLOY / "k8s" / "values.yaml").read_text()
+
+
+def test_the_image_leaves_local_state_and_caches_out():
+    """The Compose build context is the repository, whose .dockerignore keeps the venv, the home (a ledger,
+    journals), git, caches and test output out of the image."""
+    compose = _yaml(DEPLOY / "docker" / "docker-compose.yaml")
+    build = compose["services"]["eagle_forge_code"]["build"]
+    assert (DEPLOY / "docker" / build["context"]).resolve() == REPO
+    ignored = {
+        line.strip() for line in (REPO / ".dockerignore").read_text().splitlines() if line.strip()[:1] not in ("", "#")
+    }
+    wanted = {".venv", ".eagle_forge", ".git", "test-artifacts", ".mypy_cache", ".pytest_cache", ".ruff_cache"}
+    assert wanted <= ignored and "**/__pycache__" in ignored
+    assert "COPY . ." in (DEPLOY / "docker" / "Dockerfile").read_text()
