@@ -77,7 +77,7 @@ def _target_path(cfg: DraftRunConfig) -> str:
 
 def _model_config(cfg: DraftRunConfig) -> Eagle3Config:
     if cfg.model is not None:
-        return Eagle3Config.from_dict(cfg.model)
+        return _checked_against_target(Eagle3Config.from_dict(cfg.model), cfg)
     if cfg.draft_vocab_size is None:  # DraftRunConfig refuses this too
         raise ValueError("give either 'model' or 'target.path' (+ 'draft_vocab_size')")
     from transformers import AutoConfig
@@ -88,6 +88,25 @@ def _model_config(cfg: DraftRunConfig) -> Eagle3Config:
         cfg.draft_vocab_size,
         tuple(ids) if ids else None,
     )
+
+
+def _checked_against_target(config: Eagle3Config, cfg: DraftRunConfig) -> Eagle3Config:
+    """A hand-written model's aux layer ids validated against the target's layer count (1..N-1), as the store's
+    ``AuxLayers`` are: without N, ``Eagle3Config`` can only check ids >= 1, so (2, 30, 9999) would train.
+
+    N comes from the target's ``config.json`` (every run on real features names the target); a model that gives
+    ``target_num_layers`` must agree with it. Only synthetic data, which has no target, keeps ids unchecked above.
+    """
+    if not cfg.target.path:
+        return config
+    from eagle_assets.hidden_states.extract_sglang import read_target_dims
+
+    n = read_target_dims(cfg.target.path).num_layers
+    if config.target_num_layers and config.target_num_layers != n:
+        raise ValueError(
+            f"model.target_num_layers is {config.target_num_layers}, the target at {cfg.target.path} has {n} layers"
+        )
+    return replace(config, target_num_layers=n)  # __post_init__ validates the aux ids against n
 
 
 def _vocab(spec: VocabSpec, dataset: RowDataset, config: Eagle3Config) -> DraftVocab:
