@@ -12,7 +12,6 @@ from pathlib import Path
 import dagster as dg
 from pydantic import Field
 
-from eagle_assets import settings
 from eagle_assets.assets.checks import TOKENIZED_CHECKS, length_metadata
 from eagle_assets.assets.failures import fail
 from eagle_assets.corpus.merge import MergeConfig, merge_corpus
@@ -25,11 +24,13 @@ from eagle_assets.corpus.validation import (
 from eagle_assets.datasets.config import DatasetSpec
 from eagle_assets.generation.ledger import BudgetLedger
 from eagle_assets.generation.partition_sidecars import read_allowed_providers
+from eagle_assets.k8s_placement import cpu_step_tags
 from eagle_assets.keys import CORPUS_GROUP, CORPUS_KEY, stage_tags, tokenized_asset_key
 from eagle_assets.layout import corpus_dir, shard_partition_key, tokenized_path
 from eagle_assets.markdown import table
 from eagle_assets.shard_partitions import sync_shard_partitions
 from resources.duckdb.resource import DuckDBResource
+from resources.openrouter.resource import OpenRouterResource
 
 
 class CorpusConfig(dg.Config):
@@ -54,10 +55,13 @@ def build_corpus_asset(datasets: Sequence[DatasetSpec]) -> dg.AssetsDefinition:
         group_name=CORPUS_GROUP,
         kinds={"parquet", "duckdb"},
         tags=stage_tags(CORPUS_GROUP),
+        op_tags=cpu_step_tags(),  # a pod on a CPU node under dagster-k8s (k8s_placement)
         description="All tokenized partitions, re-validated per dataset, deduplicated, shuffled with a fixed seed, "
         "split train/eval and written in shards (the hidden-state partitions).",
     )
-    def corpus(context: dg.AssetExecutionContext, config: CorpusConfig, duckdb: DuckDBResource) -> dg.MaterializeResult:
+    def corpus(
+        context: dg.AssetExecutionContext, config: CorpusConfig, duckdb: DuckDBResource, openrouter: OpenRouterResource
+    ) -> dg.MaterializeResult:
         db = duckdb.settings()
         sources: list[Path] = []
         missing: list[str] = []
@@ -100,13 +104,15 @@ def build_corpus_asset(datasets: Sequence[DatasetSpec]) -> dg.AssetsDefinition:
             f"corpus {'unchanged' if result.skipped else 'written'}: {index['counts']['samples']} samples, "
             f"{index['counts']['tokens']} tokens in {len(keys)} shards"
         )
-        return dg.MaterializeResult(metadata=corpus_metadata(index, tokens, diffs, missing))
+        spend = dataset_spend_usd(list(tokens), openrouter.ledger_location())
+        return dg.MaterializeResult(metadata=corpus_metadata(index, tokens, diffs, missing, spend))
 
     return corpus
 
 
-def dataset_spend_usd(names: Sequence[str]) -> dict[str, float]:
-    location = settings.ledger_location()
+def dataset_spend_usd(names: Sequence[str], location: str | Path) -> dict[str, float]:
+    """What the ledger at ``location`` (the OpenRouter resource's: its database URL, else the environment's, else
+    the SQLite file) says each dataset cost; nothing when there is no SQLite file yet."""
     if isinstance(location, Path) and not location.is_file():
         return {}
     ledger = BudgetLedger(location)
@@ -117,12 +123,11 @@ def dataset_spend_usd(names: Sequence[str]) -> dict[str, float]:
 
 
 def corpus_metadata(
-    index: dict, tokens: dict[str, float], diffs: dict[str, float], missing: list[str]
+    index: dict, tokens: dict[str, float], diffs: dict[str, float], missing: list[str], spend: dict[str, float]
 ) -> dict[str, dg.MetadataValue]:
     from eagle_assets.plots import bar_chart_md  # matplotlib: only in the step that draws
 
     counts, splits = index["counts"], index["splits"]
-    spend = dataset_spend_usd(list(tokens))
     rows = [(n, int(tokens[n]), f"{diffs[n]:.5%}", f"{spend.get(n, 0.0):.4f}") for n in sorted(tokens)]
     lengths = _corpus_lengths(index)
     meta: dict[str, dg.MetadataValue] = {

@@ -10,6 +10,7 @@ from eagle_assets.corpus.tokenized_schema import write_tokenized
 from eagle_assets.corpus.validation import run_tokenized_checks
 from eagle_assets.datasets.config import DatasetSpec
 from eagle_assets.generation.partition_sidecars import read_allowed_providers, read_native_counts
+from eagle_assets.k8s_placement import cpu_step_tags
 from eagle_assets.keys import TOKENS_GROUP, generated_asset_key, stage_tags, tokenized_asset_key
 from eagle_assets.layout import generated_path, tokenized_path
 from eagle_assets.tokenization.kimi_tokenizer import load_kimi_tokenizer
@@ -25,6 +26,7 @@ def build_tokenized_asset(spec: DatasetSpec, partitions_def: dg.PartitionsDefini
         kinds={"parquet", "duckdb"},
         check_specs=check_specs(tokenized_asset_key(spec.name), TOKENIZED_CHECKS, blocking=True),
         tags=stage_tags(TOKENS_GROUP, spec.name),
+        op_tags=cpu_step_tags(),  # a pod on a CPU node under dagster-k8s (k8s_placement)
         description=f"{spec.name}: exact Kimi token ids, loss masks and API token-count differences per shard.",
     )
     def _tokenized(context: dg.AssetExecutionContext, duckdb: DuckDBResource) -> dg.MaterializeResult:

@@ -104,6 +104,13 @@ def test_gpu_steps_request_gpus_on_gpu_nodes(key):
     assert [t.key for t in pod.tolerations] == ["nvidia.com/gpu"]
 
 
+@pytest.mark.parametrize("key", [["tokenized", "B1"], ["corpus"]])
+def test_tokenization_and_corpus_steps_run_on_cpu_nodes(key):
+    config = _step_config(key)
+    assert config.pod_spec_config["node_selector"] == {"eagle-forge/node-pool": "cpu"}
+    assert config.container_config["resources"]["requests"] == {"cpu": "2", "memory": "8Gi"}
+
+
 def test_generation_steps_run_on_cpu_nodes_and_the_cluster_shape_comes_from_the_environment(monkeypatch):
     config = _step_config(["generated", "B1"])
     assert config.pod_spec_config["node_selector"] == {"eagle-forge/node-pool": "cpu"}
