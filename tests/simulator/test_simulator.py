@@ -365,16 +365,29 @@ def test_fault_config_validation_and_token_bucket():
     assert 0 < bucket.seconds_until_token() <= 0.1
 
 
+def _stopped_clock_bucket(sim: SimulatorHandle) -> None:
+    """The admission bucket the faults configured, on a clock that does not move: it admits its burst and then
+    nothing, however long the requests take to arrive, so what is admitted is a count, not a race."""
+
+    def swap() -> None:
+        live = sim.state.bucket
+        assert live is not None
+        sim.state.bucket = TokenBucket(live.rate, live.burst, clock=lambda: 0.0)
+
+    sim.call(swap)
+
+
 async def test_admit_rate_storm_rejects_the_excess_with_429():
     with simulator(faults=FaultConfig(admit_rate_per_s=1, admit_burst=5, retry_after_s=3)) as sim:
+        _stopped_clock_bucket(sim)
         async with aiohttp.ClientSession() as s:
             results = await asyncio.gather(*(post(s, sim.base_url, payload(f"storm {i}")) for i in range(40)))
             sim.set_faults(admit_rate_per_s=0.5, admit_burst=1, admit_retry_after=False)
-            await asyncio.sleep(0.25)
+            _stopped_clock_bucket(sim)
             later = await asyncio.gather(*(post(s, sim.base_url, payload(f"later {i}")) for i in range(5)))
     ok = [r for r in results if r[0] == 200]
     rejected = [r for r in results if r[0] == 429]
-    assert 5 <= len(ok) <= 6 and len(ok) + len(rejected) == 40
+    assert len(ok) == 5 and len(rejected) == 35  # the burst, and not one token more
     assert all(r[1]["Retry-After"] == "3" for r in rejected)
     assert [r[0] for r in later].count(200) == 1
     assert all("Retry-After" not in r[1] for r in later if r[0] == 429)
@@ -532,13 +545,15 @@ async def test_abandoned_request_is_billed_in_full_and_partial_errors_for_their_
 
 
 async def test_generation_lookup_with_not_found_window():
-    with simulator(generation_404_ms=300) as sim:
+    # The window is a minute, so the first lookup falls in it however slow the machine; closing it at run time
+    # (as /_sim/generation_window does) is what ends it, not a wait.
+    with simulator(generation_404_ms=60_000) as sim:
         async with aiohttp.ClientSession() as s:
             _, _, raw = await post(s, sim.base_url, payload("look me up", tools=[WEATHER_TOOL]))
             r = orjson.loads(raw)
             url = f"{sim.base_url}/generation?id={r['id']}"
             early, _ = await get_json(s, url)
-            await asyncio.sleep(0.35)
+            sim.set_generation_window(0)
             status, g = await get_json(s, url)
             unknown, _ = await get_json(s, f"{sim.base_url}/generation?id=gen-nope")
     assert early == 404 and status == 200 and unknown == 404
@@ -750,17 +765,31 @@ def test_config_round_trips_through_cli_flags(tmp_path: Path):
     assert config_from_args(config_to_args(fixed)).latency == fixed.latency
 
 
+async def _until(done: Any, what: str, limit_s: float = 120.0) -> None:
+    """Wait for a condition the test then asserts on; the limit only ends a wait that will never come true."""
+    for _ in range(int(limit_s / 0.02)):
+        if done():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"never happened: {what}")
+
+
 async def test_many_concurrent_requests_are_held_at_once():
-    # Each answer is held 2 s, so the 400 requests overlap at the server even when this loaded machine takes
-    # seconds to send them (at 0.3 s the first answers left before the last requests arrived); no wall-clock
-    # bound: the peak is what shows they were held at once, not one after another.
-    with simulator(latency=LatencyConfig.fixed(2.0)) as sim:
+    # Every answer is held for ten minutes, so however slowly this machine sends the 400 requests, each one is
+    # still held when the last arrives: the server holding all 400 at once is a count it reports, not a race.
+    # The clients then give up; the server lets every request go and bills each in full (OpenRouter's rule).
+    with simulator(latency=LatencyConfig.fixed(600.0)) as sim:
         conn = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=conn) as s:
-            results = await asyncio.gather(*(post(s, sim.base_url, payload(f"c{i % 50}")) for i in range(400)))
-    assert all(r[0] == 200 for r in results)
+            calls = [asyncio.create_task(post(s, sim.base_url, payload(f"c{i % 50}"), timeout=900)) for i in range(400)]
+            await _until(lambda: sim.stats(0)["in_flight"] == 400, "400 requests held at once")
+            for call in calls:
+                call.cancel()
+            await asyncio.gather(*calls, return_exceptions=True)
+        await _until(lambda: sim.stats(0)["in_flight"] == 0, "every abandoned request let go")
     stats = sim.stats(generations_limit=0)
-    assert stats["peak_in_flight"] >= 200 and stats["in_flight"] == 0 and stats["generations"] == []
+    assert stats["peak_in_flight"] == 400 and stats["requests_received"] == 400 and stats["generations"] == []
+    assert stats["by_outcome"] == {"abandoned": 400} and stats["billed_requests"] == 400
 
 
 @pytest.mark.parametrize("stream", [False, True])
