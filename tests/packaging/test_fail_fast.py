@@ -5,7 +5,6 @@ import json
 import os
 import shutil
 import socket
-import time
 from pathlib import Path
 
 import dagster as dg
@@ -54,7 +53,6 @@ def test_missing_tokenizer_fails_the_materialization_in_seconds_naming_the_path(
         base_url=f"http://127.0.0.1:{port}/api/v1", api_key_file="", start_embedded_simulator=True
     )
     shutil.rmtree(tok)
-    started = time.monotonic()
     with dg.instance_for_test() as instance:
         result = dg.materialize(
             [asset],
@@ -63,25 +61,30 @@ def test_missing_tokenizer_fails_the_materialization_in_seconds_naming_the_path(
             resources={"openrouter": resource, "duckdb": DuckDBResource()},
             raise_on_error=False,
         )
-    elapsed = time.monotonic() - started
     assert not result.success
     (failure,) = result.get_step_failure_events()
-    error, messages = failure.step_failure_data.error, []
+    error, messages, classes = failure.step_failure_data.error, [], []
     while error is not None:
         messages.append(error.message)
+        classes.append(error.cls_name)
         error = error.cause
     assert any(str(tok) in m for m in messages), messages
-    assert elapsed < 10, f"took {elapsed:.1f}s to report a missing tokenizer"
+    # Fast because nothing slow ran before it: the named error, in the one attempt, before the simulator was
+    # started (no child to wait for), nothing journaled; not a bound on the seconds it took.
+    assert "TokenizerFilesError" in classes, classes
+    kinds = [e.event_type_value for e in result.all_events]
+    assert kinds.count("STEP_START") == 1 and "STEP_UP_FOR_RETRY" not in kinds and "STEP_RESTARTED" not in kinds
+    assert not pid_file().exists() and not (home / "simulator" / "simulator.log").exists()
+    assert not list(home.rglob("*.journal"))
     assert not is_up(resource.base_url)
 
 
 def test_a_simulator_that_exits_is_reported_with_its_last_lines(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EAGLE_FORGE_SIM_CREDITS", "not-a-number")
-    started = time.monotonic()
     with pytest.raises(EmbeddedSimulatorError, match="invalid float value: 'not-a-number'") as info:
         ensure_embedded_simulator(f"http://127.0.0.1:{free_port()}/api/v1", wait_s=120)
-    assert time.monotonic() - started < 30  # not the 120 s deadline
-    assert "exited with code 2" in str(info.value)
+    # Reported from the child's exit (its code and last lines), not from the 120 s deadline running out.
+    assert "exited with code 2" in str(info.value) and "did not answer" not in str(info.value)
 
 
 def test_the_started_simulator_is_stopped_by_its_pid(home: Path) -> None:
