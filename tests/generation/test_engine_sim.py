@@ -322,7 +322,11 @@ def test_streaming_faults_are_retried_and_settled(harness, name, faults, cls):
     else:
         assert spent >= billed - 1e-9
     if name == "stall":
-        assert report.elapsed_s < 5.0 + 4.0  # abandoned after the idle timeout, not the request timeout
+        # Abandoned after the idle timeout (0.5 s), not the request timeout (10 s) nor the stall's end (5 s):
+        # each stalled stream is one the client cut ("stalled", which only the idle timer gives once the head
+        # came), the simulator saw each of them abandoned, and none ran to the request timeout.
+        outcomes = harness.sim.stats(0)["by_outcome"]
+        assert "timeout" not in report.errors and report.errors["stalled"] == outcomes["stream_abandoned"]
 
 
 def test_a_run_waits_while_another_process_holds_the_budget_instead_of_stopping_with_nothing(harness):
@@ -365,10 +369,9 @@ def test_a_run_stops_when_other_runs_requests_hold_the_budget_and_never_move(har
             [("T2", "T2/0000", f"x{i}", budget / 4, 256) for i in range(4)], budget_usd=budget, token_budget=None
         )
         assert len(held) == 4
-        started = time.monotonic()
         report = harness.run(make_prompts(10), budget=budget, max_tokens=64, others_stall_s=1.0)
-        assert time.monotonic() - started < 30
     finally:
         other.close()
+    # It stopped (it did not wait on requests that never move), by the stall rule and not by some other limit.
     assert report.stop_reason == "budget" and report.done == 0
     assert "other runs hold has not moved for 1 s" in report.stop_detail
