@@ -17,10 +17,14 @@ one by one, asked again alone on a rerun, never trips. A trip stops the run as f
 message, and those skips are not journaled, so the prompts are asked again once the request is fixed.
 
 The first wave (``holds_first_wave``): until the first success the runner keeps ``threshold``
-requests out, until ``threshold`` answers of any kind came back; on a partition with a success it
-goes on at that width while every answer is the same skip, until the breaker decides. A
-request-wide error then costs ``threshold`` requests on a new partition, ``PROVEN_FACTOR`` times as
-many on one with a success, never a wave of ``max_in_flight``; a normal run waits one latency.
+requests out, until ``threshold`` of them were accepted (a 200 response head: OpenRouter sends it
+before the answer, and a request-wide 400 is refused before it) or ``threshold`` answers of any kind
+came back; on a partition with a success it goes on at that width while every answer is the same
+skip, until the breaker decides. A request-wide error then costs ``threshold`` requests on a new
+partition, ``PROVEN_FACTOR`` times as many on one with a success, never a wave of ``max_in_flight``;
+a working request waits for its response heads (a fraction of a second), not for its answers (tens of
+seconds on OpenRouter). An error that comes inside a 200 (in-band, after the head) is not held off
+this way: it is unbilled, and the breaker still trips on it, after more requests.
 
 A pure class: no clock, no I/O; the runner feeds it answers.
 """
@@ -90,6 +94,7 @@ class RequestWideBreaker:
         self._first_message: dict[Signature, str] = {}
         self._streak = 0  # skips of any kind since the last success
         self._responses = 0  # answers of any kind this run (retried errors included)
+        self._accepted = 0  # requests whose 200 response head came (they passed the request's checks)
 
     @staticmethod
     def signature(error_class: str, message: str) -> Signature:
@@ -107,10 +112,12 @@ class RequestWideBreaker:
 
     @property
     def holds_first_wave(self) -> bool:
-        """Whether the runner keeps its first wave at ``threshold`` requests: no success yet, and fewer than
-        ``threshold`` answers came back, or (with a success known) every skip so far is one cause still short
-        of ``needed``."""
+        """Whether the runner keeps its first wave at ``threshold`` requests: no success yet, fewer than
+        ``threshold`` accepted, and fewer than ``threshold`` answers came back, or (with a success known) every
+        skip so far is one cause still short of ``needed``."""
         if self.threshold == 0 or self.tripped is not None or self.seen_success:
+            return False
+        if self._accepted >= self.threshold:
             return False
         if self._responses < self.threshold:
             return True
@@ -124,6 +131,12 @@ class RequestWideBreaker:
     def on_response(self) -> None:
         """Any answer to a request (success, skip, error to retry): the first wave opens after ``threshold``."""
         self._responses += 1
+
+    def on_accepted(self) -> bool:
+        """A request's 200 response head came; returns True when this one opens the first wave."""
+        held = self.holds_first_wave
+        self._accepted += 1
+        return held and not self.holds_first_wave
 
     def on_success(self) -> None:
         self.seen_success = self.proven = True

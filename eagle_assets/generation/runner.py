@@ -55,6 +55,7 @@ class ChatClient(Protocol):
         *,
         idle_timeout_s: float | None = None,
         on_generation_id: Callable[[str], None] | None = None,
+        on_accepted: Callable[[], None] | None = None,
     ) -> RawResponse: ...
     async def key_info(self) -> dict[str, Any]: ...
     async def credits(self) -> dict[str, Any]: ...
@@ -387,9 +388,10 @@ class PartitionRunner:
 
     # --- admission ----------------------------------------------------------------------------
     def _probing(self, now: float) -> bool:
-        """The first wave is held (``breaker.holds_first_wave``): until the first success or ``breaker_threshold``
-        answers, whichever comes first, however long the answers take. A request-wide error then costs that many
-        requests, not a wave of ``max_in_flight``; a working request, one latency at the start."""
+        """The first wave is held (``breaker.holds_first_wave``): until ``breaker_threshold`` requests were
+        accepted (their 200 heads came, as OpenRouter sends them before the answer), the first success, or that
+        many answers, whichever comes first. A request-wide error then costs that many requests, not a wave of
+        ``max_in_flight``; a working request, the time to its response heads."""
         if self._probe_over:
             return False
         if self.breaker.holds_first_wave and not self._abort.is_set():
@@ -397,6 +399,11 @@ class PartitionRunner:
         self._probe_over = True
         self._ramp_start = now  # the slow start opens from here
         return False
+
+    def _on_accepted(self) -> None:
+        """A 200 response head: the request passed OpenRouter's checks, which a request-wide 400 never does."""
+        if self.breaker.on_accepted():
+            self._wake.set()  # the first wave opens now, not when its answers come back
 
     def _limit_now(self) -> int:
         """Prompts this process may work on at once: its account-wide share, opened gradually at the start."""
@@ -724,6 +731,7 @@ class PartitionRunner:
                 payload,
                 idle_timeout_s=self._idle_timeout,
                 on_generation_id=functools.partial(self._settler.note, res),
+                on_accepted=self._on_accepted,
             )
         finally:
             self.limiter.release()

@@ -109,11 +109,14 @@ class OpenRouterClient:
         *,
         idle_timeout_s: float | None = None,
         on_generation_id: Callable[[str], None] | None = None,
+        on_accepted: Callable[[], None] | None = None,
     ) -> RawResponse:
         """One attempt. ``payload["stream"]`` selects SSE; ``idle_timeout_s`` bounds the gap between data
-        events; ``on_generation_id`` gets the ``X-Generation-Id`` of a 200 response head when it arrives."""
+        events; ``on_generation_id`` gets the ``X-Generation-Id`` of a 200 response head when it arrives, and
+        ``on_accepted`` is called then, id or not: the request passed OpenRouter's checks and is being answered."""
         if payload.get("stream"):
-            return await self._stream(payload, idle_timeout_s or self._timeout.total or 600.0, on_generation_id)
+            timeout = idle_timeout_s or self._timeout.total or 600.0
+            return await self._stream(payload, timeout, on_generation_id, on_accepted)
         start = time.monotonic()
         parts: list[bytes] = []
         headers: dict[str, str] = {}
@@ -125,6 +128,8 @@ class OpenRouterClient:
                 gen_id = headers.get("x-generation-id") or None
                 if gen_id and resp.status == 200 and on_generation_id is not None:
                     on_generation_id(gen_id)  # a generation started (an error's id names nothing billed)
+                if resp.status == 200 and on_accepted is not None:
+                    on_accepted()
                 content = resp.content
                 while chunk := await content.readany():
                     parts.append(chunk)
@@ -139,7 +144,11 @@ class OpenRouterClient:
             return RawResponse(None, b"".join(parts) or None, headers, "connection", latency, generation_id=gen_id)
 
     async def _stream(
-        self, payload: dict[str, Any], idle_timeout_s: float, on_generation_id: Callable[[str], None] | None
+        self,
+        payload: dict[str, Any],
+        idle_timeout_s: float,
+        on_generation_id: Callable[[str], None] | None,
+        on_accepted: Callable[[], None] | None = None,
     ) -> RawResponse:
         start = time.monotonic()
         if self._pool is None:
@@ -156,6 +165,7 @@ class OpenRouterClient:
             idle_timeout_s=idle_timeout_s,
             read_interval_s=self._read_interval_s,
             on_generation_id=on_generation_id,
+            on_accepted=on_accepted,
         )
         latency = time.monotonic() - start
         headers = {k: res.headers[k] for k in _KEPT_HEADERS if k in res.headers}

@@ -75,6 +75,7 @@ class _Conn(asyncio.Protocol):
 
     # The state of the request being answered, set by ``start`` (declared here: the callbacks above it read it).
     on_generation_id: Callable[[str], None] | None
+    on_accepted: Callable[[], None] | None
     parts: list[bytes]
     head: bool
     status: int | None
@@ -173,9 +174,11 @@ class _Conn(asyncio.Protocol):
         idle_s: float,
         interval_s: float,
         on_generation_id: Callable[[str], None] | None = None,
+        on_accepted: Callable[[], None] | None = None,
     ) -> asyncio.Future[None]:
         assert self.transport is not None
         self.on_generation_id = on_generation_id
+        self.on_accepted = on_accepted
         self.parts = []
         self.head = False
         self.status = None
@@ -221,6 +224,8 @@ class _Conn(asyncio.Protocol):
         gen_id = self.headers.get("x-generation-id")
         if gen_id and self.status == 200 and self.on_generation_id is not None:
             self.on_generation_id(gen_id)  # before the first chunk: the caller may write it down now
+        if self.status == 200 and self.on_accepted is not None:
+            self.on_accepted()
 
     def _resume(self) -> None:
         self._resume_handle = None
@@ -325,6 +330,7 @@ class StreamPool:
         idle_timeout_s: float,
         read_interval_s: float,
         on_generation_id: Callable[[str], None] | None = None,
+        on_accepted: Callable[[], None] | None = None,
     ) -> StreamResult:
         conn = None
         while self._idle:
@@ -346,7 +352,7 @@ class StreamPool:
             + body
         )
         try:
-            await conn.start(request, total_timeout_s, idle_timeout_s, read_interval_s, on_generation_id)
+            await conn.start(request, total_timeout_s, idle_timeout_s, read_interval_s, on_generation_id, on_accepted)
         except asyncio.CancelledError:
             if conn.transport is not None:
                 conn.transport.abort()

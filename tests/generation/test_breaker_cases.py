@@ -112,6 +112,10 @@ def test_the_first_wave_is_held_until_threshold_answers_or_a_success():
     rerun.on_skip("bad_request", "another cause")
     assert not rerun.holds_first_wave  # two causes: not one request-wide error
     assert not RequestWideBreaker(threshold=0).holds_first_wave
+    # Accepted requests (200 response heads, before any answer) open it: a request-wide 400 never gets one.
+    heads = RequestWideBreaker(threshold=K)
+    assert [heads.on_accepted() for _ in range(K)] == [False] * (K - 1) + [True]
+    assert not heads.holds_first_wave and not heads.on_accepted()
 
 
 # --- the engine: false trips ---------------------------------------------------------------------
@@ -173,6 +177,23 @@ def test_a_working_request_opens_the_first_wave_with_its_first_answers(harness):
     report = harness.run(make_prompts(64, tag="open"), max_in_flight=64, timeout_s=10.0, breaker_threshold=K)
     assert report.complete and report.ok == 64
     assert report.peak_in_flight > K  # past the held first wave: the rest went out together
+
+
+@pytest.mark.sim(latency=LatencyConfig.fixed(2.0))
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_first_wave_opens_on_accepted_heads_not_on_answers(harness, stream):
+    """OpenRouter sends a 200 head before the answer: once K requests were accepted the rest go out at once, so
+    all 64 are out together (held until K answers, at most 64 - K could be: the first K were back by then)."""
+    report = harness.run(
+        make_prompts(64, tag=f"h{stream}"),
+        max_in_flight=64,
+        timeout_s=10.0,
+        breaker_threshold=K,
+        stream=stream,
+        idle_s=5.0,
+    )
+    assert report.complete and report.ok == 64, report.summary()
+    assert harness.sim.stats(0)["peak_in_flight"] == 64 == report.peak_in_flight
 
 
 # --- every_turn ----------------------------------------------------------------------------------
