@@ -3,8 +3,12 @@
 The embedded default needs no key and no GPU: the OpenRouter resource points at the bundled
 simulator on loopback (started on demand) and the target is the tiny model built locally. Set
 ``EAGLE_FORGE_TARGET=openrouter`` to spend real money through the real API, with the key in
-``/tmp/or-key.txt`` or ``$OPENROUTER_API_KEY``.
+``/tmp/or-key.txt`` or ``$OPENROUTER_API_KEY``. ``EAGLE_FORGE_SERVING=sglang|vllm`` (with
+``EAGLE_FORGE_SERVING_MODEL_PATH`` or ``EAGLE_FORGE_SERVING_URL``) makes the training sensor's runs end
+with the draft benchmarked through that engine at the references' settings.
 """
+
+from typing import cast
 
 import dagster as dg
 
@@ -15,11 +19,12 @@ from eagle_assets.assets.generation import build_generated_asset
 from eagle_assets.assets.hidden_states import hidden_states
 from eagle_assets.assets.plan import build_plan_asset
 from eagle_assets.assets.tokens import build_tokenized_asset
+from eagle_assets.benchmarks.reference import reference_benchmark_config
 from eagle_assets.datasets.config import load_datasets
 from eagle_assets.k8s_placement import executor_from_env
 from resources.duckdb.resource import DuckDBResource
 from resources.openrouter.configured import openrouter_from_env
-from resources.serving.resource import serving_from_env
+from resources.serving.resource import ServingEngineResource, serving_from_env
 from resources.target.resource import TargetModelResource
 from sensors.credits_sensor import build_credits_sensor
 from sensors.training_sensor import build_training_sensor
@@ -34,7 +39,24 @@ PLAN = build_plan_asset(list(DATASETS.values()))
 
 
 TARGET = TargetModelResource()
-SERVING = serving_from_env()
+SERVING = serving_from_env()  # EAGLE_FORGE_SERVING*: the engine the training sensor's runs benchmark through
+
+
+def sensor_run_config(tiny_target: bool, serving: ServingEngineResource) -> dict[str, object]:
+    """The training sensor's run config: the tiny sizing for the tiny target, except that a run benchmarked
+    through a serving engine gets the references' settings (steps/topk/draft tokens, full sets, default max
+    tokens), so that its figures can stand beside the published ones."""
+    config = training_run_config(tiny_target=tiny_target)
+    if serving.serves:
+        ops = cast(dict[str, object], config.setdefault("ops", {}))  # training_run_config's shape
+        ops["draft_benchmark"] = {"config": reference_benchmark_config()}
+    return config
+
+
+def training_sensor(target: TargetModelResource, serving: ServingEngineResource) -> dg.SensorDefinition:
+    """The real target is benchmarked only through a serving engine (it does not fit one process)."""
+    tiny = not target.path
+    return build_training_sensor(run_config=sensor_run_config(tiny, serving), with_benchmark=tiny or serving.serves)
 
 
 def default_resources() -> dict[str, object]:
@@ -53,10 +75,6 @@ defs = dg.Definitions(
     executor=executor_from_env(),  # EAGLE_FORGE_EXECUTOR=k8s: a pod per step (deploy/k8s)
     sensors=[
         build_credits_sensor(GENERATED),
-        build_training_sensor(
-            run_config=training_run_config(tiny_target=not TARGET.path),
-            # the real target is benchmarked only through a serving engine (it does not fit one process)
-            with_benchmark=not TARGET.path or SERVING.serves,
-        ),
+        training_sensor(TARGET, SERVING),
     ],
 )

@@ -21,8 +21,9 @@ from pydantic import Field
 from eagle_assets.assets.failures import fail
 from eagle_assets.benchmarks.acceptance import AcceptanceTally
 from eagle_assets.benchmarks.prompt_sets import PROMPT_SETS, PromptSetError
-from eagle_assets.benchmarks.reference import REFERENCE_SETTINGS, REFERENCES, Comparability, comparable
+from eagle_assets.benchmarks.reference import REFERENCES, Comparability, comparable
 from eagle_assets.benchmarks.results import SetResult, reference_table, results_table
+from eagle_assets.benchmarks.serving_benchmark import EnginePlan
 from eagle_assets.layout import benchmark_runs_dir, corpus_split_dir
 from eagle_assets.markdown import table
 from resources.serving.commands import SettingsError, SpeculativeSettings
@@ -69,21 +70,6 @@ class BenchmarkConfig(dg.Config):
             "humaneval": self.humaneval_prompts,
             "heldout": self.num_prompts,
         }[name]
-
-
-def reference_benchmark_config() -> dict[str, object]:
-    """The benchmark config a run gets when its figures are to stand beside the published ones: the
-    references' steps/topk/draft tokens, greedy, every set in full with its default max tokens (the
-    sizes and limits are the config's defaults; spelled here so that the run's config shows them)."""
-    spec = REFERENCE_SETTINGS
-    return {
-        "num_steps": spec.num_steps,
-        "eagle_topk": spec.eagle_topk,
-        "num_draft_tokens": spec.num_draft_tokens,
-        "temperature": 0.0,
-        "batch_size": 1,
-        "max_new_tokens": 0,
-    }
 
 
 def held_out_prompts(n: int) -> list[list[int]]:
@@ -283,6 +269,19 @@ def _results_metadata(
     return md
 
 
+def plan_serving(
+    serving: ServingEngineResource,
+    spec: SpeculativeSettings,
+    target: TargetModelResource,
+    export: Path,
+    batch_size: int,
+) -> EnginePlan:
+    """The engine run: a started server loads the serving resource's ``model_path``, else the target's checkpoint
+    (built first when it is the tiny one, so only when nothing else names a model)."""
+    model = None if (serving.url or serving.model_path) else target.model_dir()
+    return serving.plan(spec, export, model, batch_size)
+
+
 def run_serving(
     context: dg.AssetExecutionContext,
     config: BenchmarkConfig,
@@ -301,9 +300,7 @@ def run_serving(
     spec = config.speculative()
     try:
         spec.validate(serving.backend)
-        plan = serving.plan(
-            spec, export, None if (serving.url or serving.model_path) else target.model_dir(), config.batch_size
-        )
+        plan = plan_serving(serving, spec, target, export, config.batch_size)
         sets, sources = load_prompt_sets(config, names, context.log.info)
     except (SettingsError, PromptSetError, ValueError, OSError) as exc:
         raise _fail(f"{serving.backend} benchmark not started: {exc}") from exc

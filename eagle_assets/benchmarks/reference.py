@@ -44,6 +44,21 @@ REFERENCES: tuple[ReferenceFigures, ...] = (
 )
 
 
+def reference_benchmark_config() -> dict[str, object]:
+    """The ``draft_benchmark`` config of a run whose figures are to stand beside the published ones: the
+    references' steps/topk/draft tokens, greedy, batch 1, every set in full with its default max tokens
+    (the set sizes are the config's defaults; the rest is spelled out so that the run's config shows it)."""
+    spec = REFERENCE_SETTINGS
+    return {
+        "num_steps": spec.num_steps,
+        "eagle_topk": spec.eagle_topk,
+        "num_draft_tokens": spec.num_draft_tokens,
+        "temperature": 0.0,
+        "batch_size": 1,
+        "max_new_tokens": 0,
+    }
+
+
 def published_questions(name: str) -> int | None:
     """The questions the references asked of a set, when one published it (they agree where several do)."""
     counts = {ref.questions[name] for ref in REFERENCES if name in ref.questions}

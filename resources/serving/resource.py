@@ -5,13 +5,16 @@ model: right for the tiny target and the demo, impossible for a 1T-parameter tar
 ``vllm`` benchmark through the serving engine, either started here for each pass (``url`` empty: the
 target checkpoint with ``tp_size`` GPUs, the exported draft, a free port on ``host``) or attached to
 servers already running (``url`` with the draft, ``baseline_url`` without it). Set it in the launchpad,
-or for the sensor's runs with ``EAGLE_FORGE_SERVING`` (backend), ``EAGLE_FORGE_SERVING_URL`` and
-``EAGLE_FORGE_SERVING_BASELINE_URL``.
+or for the sensor's runs with ``EAGLE_FORGE_SERVING`` (backend), ``EAGLE_FORGE_SERVING_URL``,
+``EAGLE_FORGE_SERVING_BASELINE_URL``, and for a started server ``EAGLE_FORGE_SERVING_MODEL_PATH`` (the
+target checkpoint, required: the target resource of the definitions is the tiny one) and
+``EAGLE_FORGE_SERVING_TP_SIZE``.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal, cast
 
@@ -20,10 +23,16 @@ from pydantic import Field
 
 from eagle_assets import settings
 from eagle_assets.benchmarks.serving_benchmark import EnginePlan
+from eagle_assets.errors import ConfigError
 from resources.serving.commands import LaunchSettings, SpeculativeSettings
 
 Backend = Literal["inprocess", "sglang", "vllm"]
 BACKENDS = ("inprocess", "sglang", "vllm")
+BACKEND_VAR = "EAGLE_FORGE_SERVING"
+URL_VAR = "EAGLE_FORGE_SERVING_URL"
+BASELINE_URL_VAR = "EAGLE_FORGE_SERVING_BASELINE_URL"
+MODEL_PATH_VAR = "EAGLE_FORGE_SERVING_MODEL_PATH"
+TP_SIZE_VAR = "EAGLE_FORGE_SERVING_TP_SIZE"
 
 
 class ServingEngineResource(dg.ConfigurableResource):
@@ -99,12 +108,40 @@ class ServingEngineResource(dg.ConfigurableResource):
         )
 
 
-def serving_from_env() -> ServingEngineResource:
-    backend = os.environ.get("EAGLE_FORGE_SERVING", "").strip().lower() or "inprocess"
+class ServingConfigError(ConfigError, ValueError):
+    """The serving environment variables name an engine run that cannot be what was meant."""
+
+
+def _tp_size(env: Mapping[str, str]) -> int:
+    raw = env.get(TP_SIZE_VAR, "").strip()
+    if not raw:
+        return int(ServingEngineResource.model_fields["tp_size"].default)
+    if not raw.isdigit() or int(raw) < 1:
+        raise ServingConfigError(f"{TP_SIZE_VAR} must be a number of GPUs (>= 1), not {raw!r}")
+    return int(raw)
+
+
+def serving_from_env(env: Mapping[str, str] | None = None) -> ServingEngineResource:
+    """The serving resource the definitions (so the training sensor's runs) use, from ``env`` (the process's).
+
+    Refuses to start an engine without ``EAGLE_FORGE_SERVING_MODEL_PATH``: the definitions' target is the
+    tiny one, and an engine started on its folder with 8-way tensor parallelism measures nothing meant."""
+    env = os.environ if env is None else env
+    backend = env.get(BACKEND_VAR, "").strip().lower() or "inprocess"
     if backend not in BACKENDS:
-        raise ValueError(f"EAGLE_FORGE_SERVING must be one of {', '.join(BACKENDS)}, not {backend!r}")
+        raise ServingConfigError(f"{BACKEND_VAR} must be one of {', '.join(BACKENDS)}, not {backend!r}")
+    url = env.get(URL_VAR, "").strip()
+    model_path = env.get(MODEL_PATH_VAR, "").strip()
+    if backend != "inprocess" and not url and not model_path:
+        raise ServingConfigError(
+            f"{BACKEND_VAR}={backend} starts the engine (no {URL_VAR} to attach to), but {MODEL_PATH_VAR} is not "
+            "set: name the target checkpoint the engine loads (e.g. /models/Kimi-K2.5), or attach to a running "
+            f"server with {URL_VAR} and {BASELINE_URL_VAR}"
+        )
     return ServingEngineResource(
         backend=cast(Backend, backend),  # proven by the membership test above
-        url=os.environ.get("EAGLE_FORGE_SERVING_URL", ""),
-        baseline_url=os.environ.get("EAGLE_FORGE_SERVING_BASELINE_URL", ""),
+        url=url,
+        baseline_url=env.get(BASELINE_URL_VAR, "").strip(),
+        model_path=model_path,
+        tp_size=_tp_size(env),
     )
