@@ -113,6 +113,12 @@ def store_dir(partition_key: str, *, home: Path | None = None) -> Path:
     return hidden_states_root(home=home) / partition_key
 
 
+def capture_draft_dir(name: str, *, home: Path | None = None) -> Path:
+    """The zero-weight draft that makes SGLang capture the aux layers (``extract_sglang.ensure_capture_draft``),
+    one per target and layer choice, written once and shared by every shard."""
+    return hidden_states_root(home=home) / "capture-drafts" / name
+
+
 def draft_runs_dir(*, home: Path | None = None) -> Path:
     """Training runs, each in a folder named by its inputs (``assets.draft.run_identity``)."""
     return root(home) / "draft" / "runs"

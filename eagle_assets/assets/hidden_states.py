@@ -35,7 +35,7 @@ from eagle_assets.keys import (
     HIDDEN_STATES_KEY,
     HIDDEN_STATES_TAGS,
 )
-from eagle_assets.layout import shard_file, store_dir
+from eagle_assets.layout import capture_draft_dir, shard_file, store_dir
 from resources.target.resource import TargetModelResource
 
 GiB = 1 << 30
@@ -120,14 +120,25 @@ def hidden_states(
         calibrate_partition(model, key, samples, out, target, fidelity)
         del model
     else:
-        from eagle_assets.hidden_states.extract_sglang import SGLangCaptureConfig, extract_sglang
+        from eagle_assets.hidden_states.extract_sglang import (
+            SGLangCaptureConfig,
+            capture_draft_name,
+            ensure_capture_draft,
+            extract_sglang,
+        )
         from eagle_assets.hidden_states.layers import resolve_aux_layers
 
+        layers = resolve_aux_layers(dims.num_layers, target.layers())
+        # SGLang captures aux layers only in EAGLE-3 mode, from a draft naming them: a zero-weight one, written once.
+        capture_draft = ensure_capture_draft(
+            capture_draft_dir(capture_draft_name(model_dir, layers)), model_dir, layers
+        )
         sglang_config = SGLangCaptureConfig(
             model_path=str(model_dir),
-            layers=resolve_aux_layers(dims.num_layers, target.layers()),
+            layers=layers,
             tp_size=target.sglang_tp_size,
             max_tokens_per_batch=target.max_tokens_per_batch,
+            draft_path=str(capture_draft),
         )
         reports = extract_sglang(
             {key: samples},

@@ -27,6 +27,7 @@ doc quantifies it and names the model-runner alternative (SpecForge's ``prepare_
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -159,6 +160,31 @@ class SGLangCaptureConfig:
             else:
                 argv += [flag, str(v)]
         return [*argv, "--host", host, "--port", str(port)]
+
+
+def capture_draft_name(model_path: str | Path, layers: AuxLayers) -> str:
+    """A folder name that changes with the target and the layers it captures (a draft for other layers would
+    make SGLang capture those instead, silently)."""
+    ids = "-".join(str(i) for i in layers.sglang_ids)
+    digest = hashlib.sha256(str(Path(model_path).resolve()).encode()).hexdigest()[:12]
+    return f"{Path(model_path).name}-{digest}-layers-{ids}"
+
+
+def ensure_capture_draft(public: str | Path, model_path: str | Path, layers: AuxLayers) -> Path:
+    """The capture draft at ``public``, written (and published whole, so a crash or a second shard writing it at
+    the same time never leaves a half-written folder) unless one for the same layers is already there."""
+    from eagle_assets.durable_files import current_version, publishing_directory
+
+    public = Path(public)
+    config = public / "config.json"
+    if current_version(public) is not None and config.is_file():
+        ids = json.loads(config.read_text()).get("eagle_config", {}).get("eagle_aux_hidden_state_layer_ids")
+        if ids == list(layers.sglang_ids):
+            return public
+    public.parent.mkdir(parents=True, exist_ok=True)
+    with publishing_directory(public) as staged:
+        write_capture_draft(staged, model_path, layers)
+    return public
 
 
 def write_capture_draft(

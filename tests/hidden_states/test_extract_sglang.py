@@ -13,6 +13,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from eagle_assets.durable_files import current_version
 from eagle_assets.hidden_states.extract_hf import extract_hf
 from eagle_assets.hidden_states.extract_sglang import (
     SGLangCaptureConfig,
@@ -20,6 +21,8 @@ from eagle_assets.hidden_states.extract_sglang import (
     SGLangResponseError,
     SGLangUnavailableError,
     build_generate_request,
+    capture_draft_name,
+    ensure_capture_draft,
     extract_sglang,
     features_from_response,
     read_target_dims,
@@ -155,3 +158,27 @@ def test_cli_prints_the_server_command(tiny_dir, capsys):
     assert main(["server-cmd", "--model-path", str(tiny_dir), "--role", "last", "--tp-size", "8"]) == 0
     cmd = capsys.readouterr().out.split()
     assert cmd[:3] == ["python", "-m", "sglang.launch_server"] and "--speculative-algorithm" not in cmd
+
+
+def test_the_capture_draft_is_written_once_per_target_and_layers(tmp_path, tiny_dir):
+    """The asset's SGLang path writes its capture draft itself (it used to pass none, and the aux pass refused to
+    start); a second shard reuses it, other layers get their own folder, and the folder is only ever whole."""
+    layers = AuxLayers.default(read_target_dims(tiny_dir).num_layers)
+    name = capture_draft_name(tiny_dir, layers)
+    public = tmp_path / "capture-drafts" / name
+    first = ensure_capture_draft(public, tiny_dir, layers)
+    assert first == public and current_version(public) is not None
+    cfg = json.loads((public / "config.json").read_text())
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == list(layers.sglang_ids)
+    assert (public / "model.safetensors").is_file()
+    version = current_version(public)
+    assert ensure_capture_draft(public, tiny_dir, layers) == public and current_version(public) == version
+    other = AuxLayers((1, 2, 3), layers.num_layers)
+    assert capture_draft_name(tiny_dir, other) != name
+    # A folder that names other layers (an edited or stale one) is replaced, never used as it is.
+    ensure_capture_draft(public, tiny_dir, other)
+    assert json.loads((public / "config.json").read_text())["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [
+        0,
+        1,
+        2,
+    ]

@@ -178,7 +178,14 @@ def test_every_asset_of_the_definitions_is_named_in_keys(tmp_path, monkeypatch):
 
 # --- layout --------------------------------------------------------------------------------------------------------
 
-EXAMPLE_ARGUMENTS = {"dataset": "B1", "shard": "0000", "partition_key": "train-00001", "split": "train", "seed": 3}
+EXAMPLE_ARGUMENTS = {
+    "dataset": "B1",
+    "shard": "0000",
+    "partition_key": "train-00001",
+    "split": "train",
+    "seed": 3,
+    "name": "tiny-0123456789ab-layers-1-2-3",
+}
 
 
 def _layout_paths() -> list[str]:
