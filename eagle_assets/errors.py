@@ -26,6 +26,9 @@ The hierarchy (``*`` marks classes defined in the modules named, not here)::
     │   ├── DatasetConfigError *        eagle_assets/datasets/config.py
     │   ├── RegenerationModeError *     eagle_assets/datasets/regeneration.py
     │   ├── DatabaseConfigError *       eagle_assets/generation/ledger_db.py
+    │   │   └── SQLiteLedgerRefused *   eagle_assets/generation/ledger_db.py
+    │   ├── AccountSettingsConflict *   eagle_assets/generation/ledger.py
+    │   ├── ServingConfigError *        resources/serving/resource.py
     │   ├── MissingApiKeyError *        resources/openrouter/secret.py
     │   ├── TargetConfigError *         resources/openrouter/configured.py
     │   ├── SettingsError *             resources/serving/commands.py
@@ -47,6 +50,8 @@ The hierarchy (``*`` marks classes defined in the modules named, not here)::
     │   ├── LeaseLost                   this run's lease was lost: stop now, rerun to continue
     │   │   ├── LedgerLeaseLost *       eagle_assets/generation/ledger.py
     │   │   └── FenceLostError *        (see above)
+    │   ├── LedgerConnectionLost *      eagle_assets/generation/ledger_db.py
+    │   ├── LedgerDatabaseUnavailable *  eagle_assets/generation/ledger_db.py (also Systemic)
     │   ├── PlanInputError *            eagle_assets/generation/plan.py
     │   └── PlanRefusal *               eagle_assets/generation/plan.py
     ├── Resumable                       the work is kept and a rerun continues: not turned into a Failure
@@ -58,7 +63,8 @@ The hierarchy (``*`` marks classes defined in the modules named, not here)::
     │   ├── OpenRouterHTTPError         (see below)
     │   ├── NoAllowedProviderError      (see below)
     │   ├── EmbeddedSimulatorError      (see below)
-    │   └── StateFileError              (see below)
+    │   ├── StateFileError              (see below)
+    │   └── LedgerDatabaseUnavailable   (see above)
     ├── OpenRouterError                 the OpenRouter account, its providers, or the bundled simulator
     │   ├── OpenRouterHTTPError *       resources/openrouter/client.py
     │   ├── NoAllowedProviderError *    resources/openrouter/providers.py
@@ -71,6 +77,8 @@ The hierarchy (``*`` marks classes defined in the modules named, not here)::
     │   ├── ChatEncodingError *         eagle_assets/tokenization/chat_encoding.py
     │   ├── ToolDeclarationError *      eagle_assets/tokenization/tool_declaration.py
     │   ├── SGLangResponseError *       eagle_assets/hidden_states/extract_sglang.py
+    │   ├── CalibrationResponseError *  eagle_assets/hidden_states/calibration_sglang.py
+    │   ├── CalibrationMismatchError *  eagle_assets/hidden_states/calibration_sglang.py
     │   └── StoreError *                eagle_assets/hidden_states/store.py
     │       ├── StoreMismatchError *    eagle_assets/hidden_states/store.py
     │       └── InsufficientDiskError * eagle_assets/hidden_states/store.py

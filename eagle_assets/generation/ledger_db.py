@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
-from eagle_assets.errors import ConfigError
+from eagle_assets.errors import ConfigError, GenerationError, Systemic
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -137,11 +137,11 @@ def _proc_mounts() -> str:
         return ""
 
 
-class LedgerDatabaseUnavailable(ConnectionError):
+class LedgerDatabaseUnavailable(GenerationError, Systemic, ConnectionError):
     """The ledger's database could not be reached again after a connection broke, within the bounded retries."""
 
 
-class LedgerConnectionLost(ConnectionError):
+class LedgerConnectionLost(GenerationError, ConnectionError):
     """The connection broke under a transaction. ``commit_unknown``: it broke while the commit was on its way,
     so the transaction may have committed; otherwise it certainly did not, and running it again is safe."""
 
