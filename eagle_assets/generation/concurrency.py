@@ -8,8 +8,13 @@ before the last decrease say nothing about the new window, and waiting much long
 lets a 2000-wide window hammer an overloaded server for seconds.
 
 An episode only halves the window when congestion answers are more than ``loss_threshold`` of what
-came back in it: providers return the odd 429 at random, and halving on every single one (classic
-AIMD under random loss) collapses the window to a few dozen requests at a 3% 429 rate.
+came back in it, or of what was sent in it if that is more: providers return the odd 429 at random,
+and halving on every single one (classic AIMD under random loss) collapses the window to a few dozen
+requests at a 3% 429 rate. The sends matter because a 429 comes back at once while a success takes
+the whole answer (tens of seconds on OpenRouter): while the window grows, an episode's answers are
+the fast 429s of what was just sent beside the successes of the far smaller window of one latency
+ago, so against answers alone 3% random 429s read as 30% and more, and the window never grew past a
+hundred at 30 s latency (the soak saw 63–107 of 2,000).
 """
 
 import asyncio
@@ -49,6 +54,7 @@ class AdaptiveLimiter:
         self._window_start: float | None = None
         self._window_ok = 0
         self._window_congested = 0
+        self._window_sent = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
 
     @property
@@ -66,6 +72,13 @@ class AdaptiveLimiter:
                     self._waiters.remove(fut)
                 raise
         self.in_flight += 1
+        self.on_sent()
+
+    def on_sent(self, now: float | None = None) -> None:
+        """A request goes out: it counts in the current episode's denominator (see the module docstring)."""
+        if self._window_start is None:
+            self._window_start = time.monotonic() if now is None else now
+        self._window_sent += 1
 
     def release(self) -> None:
         self.in_flight -= 1
@@ -100,12 +113,13 @@ class AdaptiveLimiter:
         if self._window_start is None:
             self._window_start = now
         elif now - self._window_start >= self.episode_s:
-            seen = self._window_ok + self._window_congested
+            answered = self._window_ok + self._window_congested
+            seen = max(answered, self._window_sent)
             # Fewer than min_episode_samples answers are no evidence either way.
-            if seen >= self.min_episode_samples and self._window_congested / seen > self.loss_threshold:
+            if answered >= self.min_episode_samples and self._window_congested / seen > self.loss_threshold:
                 self.decreases += 1
                 self.limit = max(float(self.minimum), self.limit * self.decrease_factor)
-            self._window_start, self._window_ok, self._window_congested = now, 0, 0
+            self._window_start, self._window_ok, self._window_congested, self._window_sent = now, 0, 0, 0
         if congested:
             self._window_congested += 1
         else:

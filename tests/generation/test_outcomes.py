@@ -176,6 +176,39 @@ def test_aimd_ignores_sparse_random_429s_but_halves_under_a_storm():
     assert lim.decreases == 5 and lim.current < 1000 / 16
 
 
+def test_aimd_random_429s_at_a_long_latency_do_not_shrink_the_window():
+    """429s come back at once, successes after 30 s: in the first latency of a run every answer is a fast 429 of
+    the first wave, so judged against answers alone 3% random 429s read as 100% and halved the window every
+    episode down to its floor (the soak's second life crawled at 63-107 of 2,000, regaining ~100 per latency);
+    judged against what was sent, 3% stay 3%. A real storm (half of what is sent refused) still halves it."""
+    lim = AdaptiveLimiter(maximum=2000, minimum=4, cooldown_s=2.0)
+    latency, step, t = 30.0, 0.01, 0.0
+    pending: list[float] = []  # successes to come, by send time
+    n = 0
+    while t < 2 * latency:
+        t += step
+        while pending and pending[0] + latency <= t:
+            pending.pop(0)
+            lim.on_success(latency, now=t)
+        while len(pending) < lim.current:
+            lim.on_sent(now=t)
+            n += 1
+            if n % 33 == 0:
+                lim.on_congestion(now=t)  # refused at once: never in flight
+            else:
+                pending.append(t)
+    assert n > 2 * 2000 and lim.decreases == 0 and lim.current == 2000
+    for _ in range(6):  # a storm: half of what goes out is refused
+        t += 2.01
+        for i in range(100):
+            lim.on_sent(now=t)
+            if i % 2 == 0:
+                lim.on_congestion(now=t)
+            else:
+                lim.on_success(latency, now=t)
+    assert lim.decreases >= 5 and lim.current < 2000 / 8
+
+
 # --- the corpus -----------------------------------------------------------------------------------
 def _check(out, case: dict[str, Any], raw_response: RawResponse) -> None:
     assert (out.action.value, out.error_class) == (case["action"], case["error_class"]), case["file"]
