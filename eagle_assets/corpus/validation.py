@@ -15,16 +15,16 @@ import os
 import re
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import duckdb
 
+from eagle_assets.corpus.outcome import CheckOutcome, MetadataValue
 from eagle_assets.corpus.tokenized_schema import EOT_ID
 
-MetadataValue = float | int | str
 ParquetSource = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 
 KNOWN_FINISH_REASONS: frozenset[str] = frozenset({"stop", "tool_calls", "length", "content_filter"})
@@ -33,15 +33,6 @@ KNOWN_FINISH_REASONS: frozenset[str] = frozenset({"stop", "tool_calls", "length"
 # ``<|im_end|>``; after any other reason it was cut off and has none.
 ENDED_FINISH_REASONS: frozenset[str] = frozenset({"stop", "tool_calls", "function_call", "eos"})
 DEFAULT_TOKEN_DIFF_BOUND = 0.0004
-
-
-@dataclass(frozen=True, slots=True)
-class CheckOutcome:
-    name: str
-    passed: bool
-    summary: str
-    metadata: dict[str, MetadataValue] = field(default_factory=dict)
-    failing_examples: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from eagle_assets.corpus.validation import CheckOutcome
+from eagle_assets.corpus.outcome import CheckOutcome
 from eagle_assets.hidden_states.fidelity import (
     LAST,
     NextTokenFigures,
