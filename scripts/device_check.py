@@ -1,0 +1,658 @@
+#!/usr/bin/env python3
+"""The pipeline's GPU path, end to end without Dagster, on one device: ``python3 scripts/device_check.py --out DIR``.
+
+Why it exists: everything the ``gpu`` pool runs (hidden-state extraction in padded bf16 batches, the calibration
+and the three fidelity checks, EAGLE-3 training under bf16 autocast, the in-process speculative benchmark) is tested
+on CPU fp32 only. A GPU changes the numbers the fidelity checks are held to (bf16 compute, padded batches, other
+kernels), so the question this script answers on a GPU host is whether a *correct* store passes them there, with the
+default ``fidelity_deviation_factor``, and whether the rest of the path trains and decodes.
+
+It calls the same pure functions the assets call (``extract_hf``, ``calibrate_store``, ``run_fidelity_checks``,
+``train_cli.run``, ``evaluate_acceptance``), with the glue of ``assets/hidden_states.py`` (``calibrate_partition``,
+``check_partition``), ``assets/draft.py`` (``train_run_config``) and ``assets/draft_benchmark.py``
+(``run_inprocess``) repeated here, so that it needs neither Dagster, polars, DuckDB nor the tokenizer (tiktoken).
+Third-party imports: torch, transformers, safetensors, numpy and pydantic (the trainer's ``TrainConfig``); the JSON
+lists every third-party module that was actually loaded.
+
+The data: random prompts continued greedily by the tiny target itself in float32 (as the simulator writes the demo's
+responses), so that its next-token agreement is meaningful; the tiny target is built with its full output
+vocabulary (``text_safe_output=False``: restricting it needs the tokenizer), ``--safe-output`` builds the demo's.
+
+Writes ``device_check.json`` and ``device_check.log`` under ``--out``; exits 1 naming every failed check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import random
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+STARTED = time.monotonic()  # before torch: its import is part of what a GPU host pays
+import torch  # noqa: E402
+
+PARTITION = "train-00000"
+EAGLE_STEPS = 4  # the in-process benchmark's draft tokens per verification (TINY_TARGET_BENCHMARK_CONFIG)
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much work each stage does; the CUDA defaults fit ~1 minute of an H200 after CUDA starts."""
+
+    train_samples: int
+    eval_prompts: int
+    prompt_len: tuple[int, ...]
+    response_len: tuple[int, int]
+    train_steps: int
+    draft_vocab: int
+    max_new_tokens: int
+
+
+SIZES = {
+    "cuda": Sizes(256, 16, (16, 24, 32, 48), (48, 128), 300, 4096, 48),
+    "cpu": Sizes(48, 6, (16, 24, 32), (32, 64), 40, 2048, 32),
+}
+
+
+@dataclass
+class Check:
+    name: str
+    passed: bool
+    summary: str
+    figures: dict[str, Any] = field(default_factory=dict)
+    counts: bool = True  # False: a diagnostic, reported but not in the exit status
+
+
+class Report:
+    """Log lines (stdout and the log file, with seconds since the start) and the checks' verdicts."""
+
+    def __init__(self, out: Path):
+        self.started = time.monotonic()
+        self.file: TextIO = (out / "device_check.log").open("w")
+        self.checks: list[Check] = []
+        self.stages: dict[str, float] = {}
+        self.facts: dict[str, Any] = {}
+
+    def log(self, message: str) -> None:
+        line = f"[{time.monotonic() - self.started:7.1f}s] {message}"
+        print(line, flush=True)
+        self.file.write(line + "\n")
+        self.file.flush()
+
+    def check(self, check: Check) -> Check:
+        self.checks.append(check)
+        verdict = "PASS" if check.passed else ("FAIL" if check.counts else "FAIL (diagnostic)")
+        self.log(f"{verdict} {check.name}: {check.summary}")
+        return check
+
+    def stage(self, name: str) -> _Stage:
+        return _Stage(self, name)
+
+    @property
+    def failed(self) -> list[str]:
+        return [c.name for c in self.checks if c.counts and not c.passed]
+
+
+class _Stage:
+    """Times a stage; an exception becomes a failed check named after the stage (with its traceback in the log)."""
+
+    def __init__(self, report: Report, name: str):
+        self.report, self.name = report, name
+        self.ok = False
+
+    def __enter__(self) -> _Stage:
+        self.t0 = time.monotonic()
+        self.report.log(f"--- {self.name}")
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool:
+        seconds = time.monotonic() - self.t0
+        self.report.stages[self.name] = round(seconds, 2)
+        if exc is None:
+            self.ok = True
+            self.report.log(f"--- {self.name}: {seconds:.1f}s")
+            return False
+        if not isinstance(exc, Exception):
+            return False  # KeyboardInterrupt, SystemExit: not ours to swallow
+        self.report.file.write("".join(traceback.format_exception(kind, exc, tb)))
+        self.report.check(Check(f"stage:{self.name}", False, f"raised {type(exc).__name__}: {exc}"))
+        return True
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# ----------------------------------------------------------------------------------------------
+# 1. The tiny target
+
+
+def build_target(work: Path, safe_output: bool) -> Path:
+    from eagle_assets.target.tiny import TinyTargetSpec, build_tiny_target
+
+    return build_tiny_target(work / "target", spec=TinyTargetSpec(seed=0, text_safe_output=safe_output))
+
+
+# ----------------------------------------------------------------------------------------------
+# 2. The corpus: random prompts, the target's own greedy continuations
+
+
+@torch.inference_mode()
+def greedy_batch(model: Any, prompts: torch.Tensor, new_tokens: int) -> torch.Tensor:
+    """Greedy continuations of equal-length prompts [B, P] → [B, new_tokens], one KV cache for the batch.
+
+    Batched (no padding needed at equal lengths) because one sequence at a time costs a kernel-launch-bound forward
+    per token per sample on a GPU; the cache argument is spelt as ``draft.target`` spells it for this transformers.
+    """
+    from eagle_assets.draft.target import cache_kwarg, make_cache
+
+    cache = make_cache(model)
+    kw = {cache_kwarg(model): cache, "use_cache": True}
+    b, p = prompts.shape
+    logits = model(input_ids=prompts, logits_to_keep=1, **kw).logits
+    nxt = logits[:, -1].argmax(-1)
+    out = [nxt]
+    for pos in range(p, p + new_tokens - 1):
+        position = torch.full((b, 1), pos, dtype=torch.long, device=prompts.device)
+        nxt = model(input_ids=nxt[:, None], position_ids=position, **kw).logits[:, -1].argmax(-1)
+        out.append(nxt)
+    return torch.stack(out, dim=1)
+
+
+@torch.inference_mode()
+def greedy_no_cache(model: Any, prompt: Sequence[int], new_tokens: int) -> list[int]:
+    """The reference: the whole sequence through the model at every step (no cache to get wrong)."""
+    device = next(model.parameters()).device
+    ids = list(prompt)
+    for _ in range(new_tokens):
+        logits = model(input_ids=torch.tensor([ids], device=device), use_cache=False, logits_to_keep=1).logits
+        ids.append(int(logits[0, -1].argmax()))
+    return ids[len(prompt) :]
+
+
+def random_prompts(n: int, length: int, rng: torch.Generator) -> torch.Tensor:
+    """[BOS] + ordinary ids (below the Kimi specials, which start at 163,584)."""
+    from eagle_assets.target.tiny import KIMI_BOS_ID
+
+    body = torch.randint(0, KIMI_BOS_ID, (n, length - 1), generator=rng)
+    return torch.cat([torch.full((n, 1), KIMI_BOS_ID), body], dim=1)
+
+
+@dataclass
+class Corpus:
+    samples: list[dict[str, Any]]  # sample_id, input_ids, loss_mask (as the corpus shard's rows)
+    prompt_lens: list[int]
+    eval_prompts: list[list[int]]
+
+
+def make_corpus(model: Any, sizes: Sizes, device: torch.device) -> Corpus:
+    rng = torch.Generator().manual_seed(1234)
+    cut = random.Random(1234)
+    groups = len(sizes.prompt_len)
+    per_group = math.ceil(sizes.train_samples / groups)
+    samples: list[dict[str, Any]] = []
+    prompt_lens: list[int] = []
+    lo, hi = sizes.response_len
+    for length in sizes.prompt_len:
+        prompts = random_prompts(per_group, length, rng)
+        responses = greedy_batch(model, prompts.to(device), hi).cpu()
+        for prompt, response in zip(prompts.tolist(), responses.tolist(), strict=True):
+            if len(samples) == sizes.train_samples:
+                break
+            r = cut.randint(lo, hi)
+            samples.append(
+                {
+                    "sample_id": f"s{len(samples):05d}",
+                    "input_ids": prompt + response[:r],
+                    "loss_mask": [0] * len(prompt) + [1] * r,
+                }
+            )
+            prompt_lens.append(len(prompt))
+    eval_prompts = random_prompts(sizes.eval_prompts, sizes.prompt_len[0], torch.Generator().manual_seed(99)).tolist()
+    return Corpus(samples, prompt_lens, eval_prompts)
+
+
+def check_greedy_paths(model: Any, corpus: Corpus, report: Report) -> None:
+    """The project's ``generate_greedy`` (the simulator's and the tests' reference) and the batched loop against a
+    cache-free recompute: a KV-cache argument this transformers ignores would decode each token without context."""
+    from eagle_assets.target.tiny import generate_greedy
+
+    n = 16
+    worst = {"generate_greedy": n, "batched": n}
+    for s, p in zip(corpus.samples[:2], corpus.prompt_lens[:2], strict=True):
+        prompt, given = s["input_ids"][:p], s["input_ids"][p : p + n]
+        ref = greedy_no_cache(model, prompt, n)
+        for name, got in (("generate_greedy", generate_greedy(model, prompt, n, eos_id=None)), ("batched", given)):
+            same = next((i for i, (a, b) in enumerate(zip(got, ref, strict=False)) if a != b), len(ref))
+            worst[name] = min(worst[name], same)
+    ok = all(v == n for v in worst.values())
+    report.check(
+        Check(
+            "greedy_kv_cache",
+            ok,
+            f"first {n} greedy tokens equal to a cache-free recompute on 2 prompts: "
+            + ", ".join(f"{k} {v}/{n}" for k, v in worst.items()),
+            {"agreeing_prefix": worst},
+        )
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# 3. Hidden states, calibration, fidelity checks (hidden_states asset, HF backend)
+
+
+def extract(model: Any, corpus: Corpus, out: Path, max_tokens_per_batch: int) -> Any:
+    from eagle_assets.hidden_states.extract_hf import extract_hf
+    from eagle_assets.target.tiny import tiny_model_id
+
+    return extract_hf(
+        model,
+        {PARTITION: corpus.samples},
+        out,
+        model_id=tiny_model_id(0),
+        layers=None,
+        dtype=torch.bfloat16,  # the target resource's default store_dtype
+        max_tokens_per_batch=max_tokens_per_batch,
+        reserve_bytes=0,
+    )
+
+
+def calibrate(model: Any, corpus: Corpus, store_dir: Path) -> None:
+    """``assets/hidden_states.calibrate_partition``: the target run in full on the shard's calibration samples."""
+    from eagle_assets.hidden_states.calibration import calibrate_store
+    from eagle_assets.hidden_states.fidelity import write_calibration
+    from eagle_assets.hidden_states.fidelity_spec import FidelityConfig
+    from eagle_assets.hidden_states.store import HiddenStateStore, as_sample
+    from eagle_assets.target.tiny import tiny_model_id
+
+    store = HiddenStateStore(store_dir)
+    calibration = calibrate_store(
+        model,
+        [(PARTITION, [as_sample(s) for s in corpus.samples])],
+        store.layers,
+        model_id=tiny_model_id(0),
+        store_dtype=store.meta.dtype,
+        last_kind=store.meta.last_kind,
+        config=FidelityConfig(),
+    )
+    write_calibration(store_dir, calibration)
+
+
+def fidelity(corpus: Corpus, store_dir: Path, model_dir: Path, device: torch.device) -> list[Any]:
+    """``assets/hidden_states.check_partition``: the three checks with the target's head as training loads it."""
+    from eagle_assets.draft.target import load_target_head
+    from eagle_assets.hidden_states.fidelity_checks import CorpusShard, run_fidelity_checks
+    from eagle_assets.hidden_states.fidelity_spec import FidelityConfig
+    from eagle_assets.hidden_states.store import HiddenStateStore, as_sample
+
+    head = load_target_head(model_dir, HiddenStateStore(store_dir).meta.last_kind).to(device)
+    shard = CorpusShard(PARTITION, [as_sample(s) for s in corpus.samples], corpus.prompt_lens)
+    return run_fidelity_checks(store_dir, [shard], head, partition=PARTITION, device=device, config=FidelityConfig())
+
+
+def next_token_figures(outcome: Any) -> dict[str, Any]:
+    from eagle_assets.hidden_states.fidelity_spec import FidelityConfig
+
+    m = dict(outcome.metadata)
+    factor = FidelityConfig().deviation_factor
+    dev, noise = m.get("logprob_deviation"), m.get("logprob_noise")
+    ratio = dev / noise if isinstance(dev, float) and isinstance(noise, float) and noise > 0 else None
+    keys = ("agreement", "target_agreement", "consistency", "dtype_consistency", "mean_logprob", "target_mean_logprob")
+    figures = {k: m.get(k) for k in (*keys, "shard_agreement", "shard_mean_logprob", "calibration_positions")}
+    return {**figures, "logprob_deviation": dev, "noise_floor": noise, "ratio": ratio, "deviation_factor": factor}
+
+
+def report_fidelity(report: Report, outcomes: list[Any], label: str, counts: bool) -> dict[str, Any]:
+    figures: dict[str, Any] = {}
+    for o in outcomes:
+        extra = next_token_figures(o) if o.name == "last_state_next_token" else {}
+        report.check(Check(f"{label}:{o.name}", o.passed, o.summary, extra, counts=counts))
+        figures[o.name] = {"passed": o.passed, **extra}
+        if extra:
+            r = extra["ratio"]
+            report.log(
+                f"    {label} next token: agreement {extra['agreement']} (target {extra['target_agreement']}), "
+                f"log-prob deviation {extra['logprob_deviation']} vs noise floor {extra['noise_floor']}: ratio "
+                f"{'n/a' if r is None else f'{r:.2f}'} (allowed {extra['deviation_factor']:g})"
+            )
+    return figures
+
+
+def compare_stores(a: Path, b: Path) -> dict[str, float]:
+    """How far the padded-batch last states are from the one-sample-per-batch ones (same model, same dtype)."""
+    from eagle_assets.hidden_states.store import HiddenStateStore
+
+    sa, sb = HiddenStateStore(a), HiddenStateStore(b)
+    worst, total, n = 0.0, 0.0, 0
+    for i in range(len(sa)):
+        x, y = sa[i]["last"].float(), sb[i]["last"].float()
+        rel = ((x - y).norm(dim=-1) / y.norm(dim=-1).clamp_min(1e-12)).tolist()
+        worst, total, n = max(worst, *rel), total + sum(rel), n + len(rel)
+    return {"max_relative_l2": round(worst, 6), "mean_relative_l2": round(total / max(n, 1), 6)}
+
+
+# ----------------------------------------------------------------------------------------------
+# 4. Draft training (draft_model asset) and acceptance length (draft_benchmark, in process)
+
+
+def run_config(model_dir: Path, store_root: Path, layers: list[int], out: Path, sizes: Sizes) -> Any:
+    """``assets/draft.train_run_config`` with ``TINY_TARGET_TRAIN_CONFIG``'s knobs and a fixed step count."""
+    from eagle_assets.draft.run_config import (
+        DraftRunConfig,
+        EmbeddingsSpec,
+        ExportSpec,
+        StoreData,
+        TargetSpec,
+        TrainConfig,
+        VocabSpec,
+    )
+    from eagle_assets.target.tiny import KIMI_EOS_ID
+
+    return DraftRunConfig(
+        seed=0,
+        target=TargetSpec(path=str(model_dir), last_kind="post_norm"),
+        draft_vocab_size=sizes.draft_vocab,
+        aux_layer_ids=layers,
+        embeddings=EmbeddingsSpec(kind="target"),
+        vocab=VocabSpec(kind="from_data", force_ids=[KIMI_EOS_ID]),
+        data=StoreData(
+            kind="store",
+            path=str(store_root),
+            reader="eagle_assets.hidden_states.store_set:StoreSet",
+            reader_kwargs={"partitions": [PARTITION]},
+            max_length=512,
+        ),
+        train=TrainConfig(
+            lr=5e-3,
+            epochs=1,
+            max_steps=sizes.train_steps,
+            warmup_ratio=0.05,
+            batch_size=8,
+            ttt_steps=7,
+            checkpoint_every=0,
+        ),
+        output_dir=str(out),
+        export=ExportSpec(dtype="bfloat16"),
+        log_every=max(1, sizes.train_steps // 10),
+    )
+
+
+def train(cfg: Any, device: torch.device) -> list[Any]:
+    from eagle_assets.draft.train_cli import run
+
+    steps: list[Any] = []
+    run(cfg, device=device, on_step=steps.append)
+    sync(device)
+    return steps
+
+
+def report_training(report: Report, steps: list[Any]) -> dict[str, Any]:
+    losses = [s.loss for s in steps]
+    w = max(1, min(10, len(losses) // 4))
+    first, last = sum(losses[:w]) / w, sum(losses[-w:]) / w
+    settled = steps[min(5, len(steps) - 1) :]  # past the first steps' allocations and kernel selection
+    seconds = sum(s.seconds for s in settled)
+    tokens_per_s = sum(s.tokens for s in settled) / seconds if seconds > 0 else 0.0
+    every = max(1, len(losses) // 20)
+    figures = {
+        "steps": len(steps),
+        "loss_first": round(first, 4),
+        "loss_last": round(last, 4),
+        "window": w,
+        "loss_trajectory": [[s.step, round(s.loss, 4)] for s in steps[::every]] + [[steps[-1].step, losses[-1]]],
+        "tokens_per_s": round(tokens_per_s, 1),
+        "sim_tau_last": round(steps[-1].sim_tau, 3),
+        "acc_last": [round(a, 3) for a in steps[-1].acc],
+    }
+    report.log(f"    loss by step: {figures['loss_trajectory']}")
+    report.check(
+        Check(
+            "draft_loss_decreases",
+            last < 0.9 * first and all(math.isfinite(x) for x in losses),
+            f"mean loss of the last {w} steps {last:.4f} vs the first {w} {first:.4f} (must be < 0.9 ×, finite); "
+            f"{tokens_per_s:.0f} tokens/s after step 5; simulated τ {steps[-1].sim_tau:.3f}",
+            figures,
+        )
+    )
+    return figures
+
+
+def acceptance(model: Any, export: Path, prompts: list[list[int]], sizes: Sizes, device: torch.device) -> dict:
+    """``draft_benchmark.run_inprocess``: the trained draft and an untrained one through the speculative loop."""
+    from eagle_assets.benchmarks.acceptance import tally_from_rounds
+    from eagle_assets.draft.export import load_draft
+    from eagle_assets.draft.model import Eagle3Draft
+    from eagle_assets.draft.speculative import evaluate_acceptance
+
+    embed = model.get_input_embeddings().weight.detach().float()
+    trained = load_draft(export, embed_weight=embed, device=device)
+    torch.manual_seed(0)
+    untrained = Eagle3Draft(trained.config, embed.cpu()).to(device)
+    untrained.set_vocab(trained.vocab)
+    out: dict[str, Any] = {}
+    for name, draft in (("trained", trained), ("untrained", untrained)):
+        t0 = time.monotonic()
+        stats = evaluate_acceptance(model, draft, prompts, sizes.max_new_tokens, num_draft_tokens=EAGLE_STEPS)
+        sync(device)
+        tally = tally_from_rounds(stats.accepted, EAGLE_STEPS, stats.new_tokens)
+        out[name] = {
+            "tau": round(tally.tau or 0.0, 4),
+            "per_position": [round(r, 4) for r in tally.position_rates or []],
+            "new_tokens": stats.new_tokens,
+            "verifications": len(stats.accepted),
+            "seconds": round(time.monotonic() - t0, 2),
+        }
+    out["draft"] = trained
+    return out
+
+
+def vocab_coverage(draft: Any, corpus: Corpus) -> float:
+    """Share of the training responses' tokens the draft vocabulary holds: the most a draft token can be right."""
+    t2d = draft.vocab.t2d.cpu()
+    ids = torch.tensor([t for s in corpus.samples for t, m in zip(s["input_ids"], s["loss_mask"], strict=True) if m])
+    return round(float(t2d[ids].double().mean()), 4)
+
+
+def check_speculative_output(model: Any, draft: Any, corpus: Corpus, report: Report) -> None:
+    """The speculative loop must emit the target's greedy decode (what τ is worth only if true)."""
+    from eagle_assets.draft.speculative import speculative_generate
+
+    n, agree = 16, []
+    for prompt in corpus.eval_prompts[:2]:
+        ref = greedy_no_cache(model, prompt, n)
+        got = speculative_generate(model, draft, prompt, n, num_draft_tokens=EAGLE_STEPS).tokens
+        agree.append(next((i for i, (a, b) in enumerate(zip(got, ref, strict=False)) if a != b), min(len(got), n)))
+    report.check(
+        Check(
+            "speculative_equals_greedy",
+            all(a == n for a in agree),
+            f"first {n} tokens of the speculative loop equal to the greedy decode on 2 prompts: {agree}",
+        )
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+def third_party_modules() -> list[str]:
+    """Top-level modules loaded from outside the standard library and this repository."""
+    std = set(sys.stdlib_module_names)
+    ours = {"eagle_assets", "resources", "sensors", "__main__"}
+    tops = {name.partition(".")[0] for name in list(sys.modules)}
+    return sorted(t for t in tops if t not in std and t not in ours and not t.startswith("_"))
+
+
+def environment(device: torch.device) -> dict[str, Any]:
+    import transformers
+
+    env: dict[str, Any] = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "device": str(device),
+        "cpu_threads": torch.get_num_threads(),
+    }
+    if device.type == "cuda":
+        env["gpu"] = torch.cuda.get_device_name(device)
+        env["cuda"] = torch.version.cuda
+    return env
+
+
+def load(model_dir: Path, device: torch.device, dtype: torch.dtype) -> Any:
+    from eagle_assets.target.tiny import load_target
+
+    return load_target(model_dir, device, dtype)
+
+
+def run_all(args: argparse.Namespace, report: Report, work: Path) -> dict[str, Any]:
+    device = torch.device(args.device)
+    sizes = SIZES[device.type]
+    if args.train_steps:
+        sizes = Sizes(**{**sizes.__dict__, "train_steps": args.train_steps})
+    if args.samples:
+        sizes = Sizes(**{**sizes.__dict__, "train_samples": args.samples})
+    compute_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32  # as the hidden_states asset loads it
+    summary: dict[str, Any] = {"sizes": sizes.__dict__, "compute_dtype": str(compute_dtype).removeprefix("torch.")}
+    report.log(f"environment: {environment(device)}")
+    summary["environment"] = environment(device)
+
+    with report.stage("cuda_init" if device.type == "cuda" else "device_init") as st:
+        torch.zeros(1, device=device).add_(1)
+        sync(device)
+    with report.stage("build_target") as st:
+        model_dir = build_target(work, args.safe_output)
+        fp32 = load(model_dir, device, torch.float32)  # the data's source and the benchmark's target, as in the demo
+    if not st.ok:
+        return summary
+    summary["target"] = {"safe_output": args.safe_output, "path": "built in a temporary folder"}
+    with report.stage("corpus") as st:
+        corpus = make_corpus(fp32, sizes, device)
+        sync(device)
+        n_tokens = sum(len(s["input_ids"]) for s in corpus.samples)
+        summary["corpus"] = {"samples": len(corpus.samples), "tokens": n_tokens, "eval": len(corpus.eval_prompts)}
+        report.log(f"    {len(corpus.samples)} samples, {n_tokens} tokens; {len(corpus.eval_prompts)} held-out prompts")
+        check_greedy_paths(fp32, corpus, report)
+    if not st.ok:
+        return summary
+
+    store_root = work / "hidden_states"
+    padded, single = store_root / PARTITION, work / "hidden_states_single" / PARTITION
+    with report.stage("hidden_states") as st:
+        model = load(model_dir, device, compute_dtype) if compute_dtype != torch.float32 else fp32
+        rep = extract(model, corpus, padded, max_tokens_per_batch=16384)  # the target resource's default
+        sync(device)
+        report.log(f"    padded batches: {rep.tokens_computed} tokens in {rep.seconds:.2f}s ({rep.tokens_per_s:.0f}/s)")
+        t0 = time.monotonic()
+        calibrate(model, corpus, padded)
+        sync(device)
+        calibration_s = time.monotonic() - t0
+        t0 = time.monotonic()
+        outcomes = fidelity(corpus, padded, model_dir, device)
+        summary["hidden_states"] = {
+            "tokens_per_s": round(rep.tokens_per_s, 1),
+            "extract_seconds": round(rep.seconds, 2),
+            "calibration_seconds": round(calibration_s, 2),
+            "checks_seconds": round(time.monotonic() - t0, 2),
+            "padded": report_fidelity(report, outcomes, "padded", counts=True),
+        }
+        # Diagnostic: the same store one sample per batch (no padding), against the same calibration.
+        extract(model, corpus, single, max_tokens_per_batch=1)
+        shutil.copy2(padded / "fidelity_calibration.json", single / "fidelity_calibration.json")
+        outcomes = fidelity(corpus, single, model_dir, device)
+        summary["hidden_states"]["one_sample_per_batch"] = report_fidelity(report, outcomes, "unpadded", counts=False)
+        summary["hidden_states"]["padded_vs_unpadded_last"] = compare_stores(padded, single)
+        report.log(f"    padded vs unpadded last states: {summary['hidden_states']['padded_vs_unpadded_last']}")
+        del model
+    if not st.ok:
+        return summary
+
+    from eagle_assets.hidden_states.store import HiddenStateStore
+
+    layers = list(HiddenStateStore(padded).layers.hf_indices)
+    with report.stage("draft_model") as st:
+        cfg = run_config(model_dir, store_root, layers, work / "draft-run", sizes)
+        steps = train(cfg, device)
+        summary["draft_model"] = report_training(report, steps)
+    if not st.ok:
+        return summary
+    with report.stage("draft_benchmark") as st:
+        result = acceptance(fp32, work / "draft-run" / "export", corpus.eval_prompts, sizes, device)
+        trained = result.pop("draft")
+        result["draft_vocab_coverage"] = vocab_coverage(trained, corpus)
+        summary["draft_benchmark"] = {**result, "num_steps": EAGLE_STEPS, "max_new_tokens": sizes.max_new_tokens}
+        tau, base = result["trained"]["tau"], result["untrained"]["tau"]
+        report.check(
+            Check(
+                "acceptance_length",
+                tau > base,
+                f"τ {tau:.3f} trained vs {base:.3f} untrained ({len(corpus.eval_prompts)} held-out prompts, "
+                f"{EAGLE_STEPS} draft tokens, {sizes.max_new_tokens} new tokens); per position "
+                f"{result['trained']['per_position']}; draft vocabulary holds {result['draft_vocab_coverage']:.1%} "
+                "of the training responses' tokens",
+                result,
+            )
+        )
+        check_speculative_output(fp32, trained, corpus, report)
+    return summary
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, type=Path, help="device_check.json and device_check.log go here")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--train-steps", type=int, default=0, help="0: 300 on CUDA, 40 on CPU")
+    parser.add_argument("--samples", type=int, default=0, help="training samples; 0: 256 on CUDA, 48 on CPU")
+    parser.add_argument("--safe-output", action="store_true", help="the demo's target (needs tiktoken)")
+    parser.add_argument("--work", type=Path, default=None, help="keep the target, stores and draft here")
+    args = parser.parse_args(argv)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error("--device cuda but torch sees no GPU")
+    args.out.mkdir(parents=True, exist_ok=True)
+    report = Report(args.out)
+    work = args.work or Path(tempfile.mkdtemp(prefix="device_check-"))
+    work.mkdir(parents=True, exist_ok=True)
+    summary: dict[str, Any] = {}
+    try:
+        summary = run_all(args, report, work)
+    finally:
+        if args.work is None:
+            shutil.rmtree(work, ignore_errors=True)
+        wall = time.monotonic() - STARTED
+        failed = report.failed
+        if not report.checks:
+            failed = ["nothing was checked"]
+        doc = {
+            "passed": not failed,
+            "failed": failed,
+            "wall_seconds": round(wall, 1),
+            "import_seconds": round(report.started - STARTED, 1),
+            "stage_seconds": report.stages,
+            "checks": [c.__dict__ for c in report.checks],
+            **summary,
+            "third_party_modules": third_party_modules(),
+        }
+        (args.out / "device_check.json").write_text(json.dumps(doc, indent=2, default=str))
+        report.log(f"third-party modules loaded: {', '.join(doc['third_party_modules'])}")
+        report.log(f"wall time {wall:.1f}s; " + ("ALL PASSED" if not failed else f"FAILED: {', '.join(failed)}"))
+        report.file.close()
+    return 0 if not failed else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
