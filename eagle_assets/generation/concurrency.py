@@ -7,17 +7,20 @@ successes, bounded by ``min_cooldown_s`` and ``cooldown_s``), as in TCP: the 429
 before the last decrease say nothing about the new window, and waiting much longer than a round trip
 lets a 2000-wide window hammer an overloaded server for seconds.
 
-An episode only halves the window when congestion answers are more than ``loss_threshold`` of what
-came back in it, or of what was sent in it if that is more: providers return the odd 429 at random,
-and halving on every single one (classic AIMD under random loss) collapses the window to a few dozen
-requests at a 3% 429 rate. The sends matter because a 429 comes back at once while a success takes
-the whole answer (tens of seconds on OpenRouter): while the window grows, an episode's answers are
-the fast 429s of what was just sent beside the successes of the far smaller window of one latency
-ago, so against answers alone 3% random 429s read as 30% and more, and the window never grew past a
-hundred at 30 s latency (the soak saw 63–107 of 2,000).
+An episode only halves the window when its congestion answers are more than ``loss_threshold`` of
+what came back in it (or of what was sent in it, if that is more) by more than chance gives: three
+standard deviations of a binomial at that rate. Providers return the odd 429 at random; halving on
+each (classic AIMD under random loss) collapses the window to a few dozen requests at a 3% 429 rate.
+Two effects of a long answer latency (tens of seconds on OpenRouter) make plain shares lie: a 429
+comes back at once while a success takes the whole answer, so in a run's first latency every answer
+is a fast 429 of the first wave (hence the sends in the denominator); and an episode is a slice of a
+round trip holding a handful of answers, where one 429 among five is 20% (hence the deviation). With
+shares alone the soak at 30 s latency halved 2,000 down to 63–173 in flight, regaining ~100 a round
+trip.
 """
 
 import asyncio
+import math
 import time
 from collections import deque
 
@@ -108,6 +111,14 @@ class AdaptiveLimiter:
     def on_congestion(self, now: float | None = None) -> None:
         self._record(True, time.monotonic() if now is None else now)
 
+    def _congested_beyond_chance(self, seen: int) -> bool:
+        """More congestion answers than ``loss_threshold`` of ``seen`` plus three standard deviations of a
+        binomial at that rate: an episode of a round trip's slice holds a few answers, and one 429 among five
+        is no evidence (at a 30 s latency there are 15 episodes a round trip: chance halvings outran the gain
+        of ~100 a round trip); a storm (most answers 429s) passes it at any size."""
+        p = self.loss_threshold
+        return self._window_congested > p * seen + 3.0 * math.sqrt(seen * p * (1.0 - p))
+
     def _record(self, congested: bool, now: float) -> None:
         """Count an answer in the current episode; the first answer after it ends decides it."""
         if self._window_start is None:
@@ -115,8 +126,7 @@ class AdaptiveLimiter:
         elif now - self._window_start >= self.episode_s:
             answered = self._window_ok + self._window_congested
             seen = max(answered, self._window_sent)
-            # Fewer than min_episode_samples answers are no evidence either way.
-            if answered >= self.min_episode_samples and self._window_congested / seen > self.loss_threshold:
+            if answered >= self.min_episode_samples and self._congested_beyond_chance(seen):
                 self.decreases += 1
                 self.limit = max(float(self.minimum), self.limit * self.decrease_factor)
             self._window_start, self._window_ok, self._window_congested, self._window_sent = now, 0, 0, 0

@@ -209,6 +209,45 @@ def test_aimd_random_429s_at_a_long_latency_do_not_shrink_the_window():
     assert lim.decreases >= 5 and lim.current < 2000 / 8
 
 
+def test_aimd_keeps_the_window_under_random_429s_at_a_spread_long_latency():
+    """Answers spread around a 30 s median trickle in a few per 2 s episode: against a plain 10% share, one 429
+    among 5-9 answers halved the window, up to 15 times a round trip against a gain of ~100 per round trip (the
+    soak, 5.5% random 429s at 30 s: 2,000 fell to 173). One halving needs evidence of congestion beyond chance."""
+    import heapq
+    import random
+
+    rng = random.Random(7)
+    lim = AdaptiveLimiter(maximum=2000, minimum=4, cooldown_s=2.0)
+    t, step = 0.0, 0.01
+    due: list[tuple[float, bool]] = []  # (when, congested): answers to come
+    retries: list[float] = []
+    lowest = lim.current
+    while t < 240.0:
+        t += step
+        while due and due[0][0] <= t:
+            _, congested = heapq.heappop(due)
+            if congested:
+                lim.on_congestion(now=t)
+                heapq.heappush(retries, t + 0.5)
+            else:
+                lim.on_success(30.0, now=t)
+        while retries and retries[0] <= t:  # asked again: a send like any other
+            heapq.heappop(retries)
+            lim.on_sent(now=t)
+            if rng.random() < 0.055:
+                heapq.heappush(due, (t + 0.01, True))
+            else:
+                heapq.heappush(due, (t + min(120.0, 30.0 * rng.lognormvariate(0.0, 0.5)), False))
+        while len(due) < lim.current:
+            lim.on_sent(now=t)
+            if rng.random() < 0.055:
+                heapq.heappush(due, (t + 0.01, True))
+            else:
+                heapq.heappush(due, (t + min(120.0, 30.0 * rng.lognormvariate(0.0, 0.5)), False))
+        lowest = min(lowest, lim.current)
+    assert lim.decreases == 0 and lowest == 2000
+
+
 # --- the corpus -----------------------------------------------------------------------------------
 def _check(out, case: dict[str, Any], raw_response: RawResponse) -> None:
     assert (out.action.value, out.error_class) == (case["action"], case["error_class"]), case["file"]
