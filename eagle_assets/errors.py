@@ -49,7 +49,9 @@ The hierarchy (``*`` marks classes defined in the modules named, not here)::
     │   │   └── FenceLostError *        eagle_assets/generation/partition_fence.py (also a LeaseLost)
     │   ├── LeaseLost                   this run's lease was lost: stop now, rerun to continue
     │   │   ├── LedgerLeaseLost *       eagle_assets/generation/ledger.py
+    │   │   ├── LeaseLostError *        eagle_assets/generation/database_lease.py
     │   │   └── FenceLostError *        (see above)
+    │   ├── LeaseBusyError *            eagle_assets/generation/database_lease.py
     │   ├── LedgerConnectionLost *      eagle_assets/generation/ledger_db.py
     │   ├── LedgerDatabaseUnavailable *  eagle_assets/generation/ledger_db.py (also Systemic)
     │   ├── PlanInputError *            eagle_assets/generation/plan.py

@@ -53,7 +53,7 @@ from eagle_assets.corpus.io import (
     write_row_groups_atomic,
 )
 from eagle_assets.corpus.tokenized_schema import ARROW_SCHEMA, COLUMNS
-from eagle_assets.durable_files import directory_lock
+from eagle_assets.generation.database_lease import exclusive
 
 CORPUS_FORMAT = "eagle-forge-corpus"
 CORPUS_FORMAT_VERSION = 1
@@ -64,6 +64,8 @@ PLAN_KEY_META = "eagle_forge.plan_key"
 SHARD_META = "eagle_forge.shard"
 _POS = "__corpus_pos"
 _LOCK_NAME = ".merge.lock"
+# A merge takes minutes: a second one waits this long for the first (then finds the corpus current).
+MERGE_LEASE_WAIT_S = 3600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -457,20 +459,34 @@ def _remove_stale(out_dir: Path, shards: Sequence[_Shard]) -> None:
                 p.unlink()
 
 
-def merge_corpus(sources: Sequence[Path], out_dir: Path, config: MergeConfig | None = None) -> MergeResult:
-    """Build (or bring up to date) the corpus in ``out_dir`` from the tokenized partition files ``sources``."""
+def merge_corpus(
+    sources: Sequence[Path],
+    out_dir: Path,
+    config: MergeConfig | None = None,
+    *,
+    lease_location: str | Path | None = None,
+    lease_wait_s: float = MERGE_LEASE_WAIT_S,
+) -> MergeResult:
+    """Build (or bring up to date) the corpus in ``out_dir`` from the tokenized partition files ``sources``.
+
+    Two merges into one folder would delete each other's shards, so a merge is the folder's only writer on
+    every host: its ``flock``, and a lease in the ledger's database (``lease_location``, default the configured
+    ledger) that a merge on another host waits for (``lease_wait_s``), checked before each destructive step.
+    """
     config = config or MergeConfig()
     out_dir = Path(out_dir)
     if not sources:
         raise ValueError("no tokenized partitions to merge")
     described = describe_sources(sources)
     key = plan_key(described, config)
-    with directory_lock(out_dir, _LOCK_NAME):  # two merges into one directory would delete each other's shards
+    what = f"the corpus merge into {out_dir}"
+    with exclusive(out_dir, _LOCK_NAME, what=what, location=lease_location, wait_s=lease_wait_s) as lease:
         index = read_index(out_dir)
         if index is not None:
             if _index_is_complete(index, key, out_dir):
                 return MergeResult(out_dir, index, skipped=True)
             # From here on the shards change: an index describing the old ones must not survive a crash.
+            lease.check()
             (out_dir / INDEX_NAME).unlink()
         samples = _scan(described, config)
         shards = _plan_shards(samples, config)
@@ -482,12 +498,15 @@ def merge_corpus(sources: Sequence[Path], out_dir: Path, config: MergeConfig | N
         try:
             for g in range(0, len(pending), config.max_open_buckets):
                 group = pending[g : g + config.max_open_buckets]
+                lease.check()
                 _spill(described, samples, shards, group, spill_dir, config)
                 for b in group:
                     _finish_shard(out_dir, spill_dir, b, shards[b], key, config)
         finally:
             shutil.rmtree(spill_dir, ignore_errors=True)
+        lease.check()
         _remove_stale(out_dir, shards)
         index = _index(key, config, described, samples, shards, out_dir)
+        lease.check()
         write_bytes_atomic(out_dir / INDEX_NAME, (json.dumps(index, indent=2, sort_keys=True) + "\n").encode())
     return MergeResult(out_dir, index, skipped=False, written=[shards[b].name for b in pending])

@@ -19,11 +19,12 @@ Why this shape:
   their place as batches finish, in any order (the backends sort by length). A shard never has to
   fit in RAM: at 56 KiB/token (Kimi K2.5) a 2,000-sample shard is ~200 GB.
 - **Atomic, resumable.** A shard is written to ``<name>.tmp-<host>-<pid>``, fsync-ed, renamed,
-  and only then recorded in ``index.json`` (itself replaced atomically, under a file lock so that
-  several extraction processes can share one store). On rerun, a shard whose file is structurally
-  complete (header parses, size matches, metadata and input fingerprint match the current corpus
-  shard) is skipped, even if the crash came between rename and index update; anything else is
-  deleted and recomputed. Stale temporaries of dead processes are removed.
+  and only then recorded in ``index.json`` (itself replaced atomically, under a file lock and a lease
+  in the ledger's database, so that several extraction processes, on several hosts, can share one
+  store). On rerun, a shard whose file is structurally complete (header parses, size matches,
+  metadata and input fingerprint match the current corpus shard) is skipped, even if the crash
+  came between rename and index update; anything else is deleted and recomputed. Stale
+  temporaries of dead processes are removed.
 - **The last hidden state is the final norm's output** (``last_kind="post_norm"``): HF's
   ``output_hidden_states[-1]``, SGLang's ``return_hidden_states`` output and SpecForge's
   ``last_hidden_states`` are all this tensor, so the target's logits are ``lm_head(last)`` — see
@@ -53,14 +54,17 @@ import numpy as np
 import torch
 
 from eagle_assets.durable_files import atomic_write_bytes as durable_atomic_write_bytes
-from eagle_assets.durable_files import directory_lock, durable_replace, host_tag, pid_alive
+from eagle_assets.durable_files import durable_replace, host_tag, pid_alive
 from eagle_assets.errors import TargetError
+from eagle_assets.generation.database_lease import DatabaseLease, exclusive
 from eagle_assets.hidden_states.layers import AuxLayers
 
 FORMAT = "eagle-forge-hidden-states"
 FORMAT_VERSION = 1
 INDEX_NAME = "index.json"
 LOCK_NAME = ".index.lock"
+# An index update takes milliseconds: a writer that waits this long for another has met a stuck one.
+INDEX_LEASE_WAIT_S = 600.0
 FEATURES = ("aux", "last")
 LAST_KINDS = ("post_norm", "pre_norm")
 GiB = 1024**3
@@ -518,17 +522,33 @@ def read_shard_header(path: Path) -> dict[str, Any] | None:
 class StoreWriter:
     """Owns ``index.json`` for writers: checks settings, decides what is done, records commits."""
 
-    def __init__(self, directory: str | Path, meta: StoreMeta):
+    def __init__(
+        self,
+        directory: str | Path,
+        meta: StoreMeta,
+        *,
+        lease_location: str | Path | None = None,
+        lease_wait_s: float = INDEX_LEASE_WAIT_S,
+    ):
         self.directory = Path(directory).expanduser().absolute()
         self.meta = meta
+        self.lease_location = lease_location  # the ledger holding the index's lease; None: the configured one
+        self.lease_wait_s = lease_wait_s
         self.directory.mkdir(parents=True, exist_ok=True)
         remove_stale_temporaries(self.directory)
-        with directory_lock(self.directory, LOCK_NAME):
+        with self._index_writer() as lease:
             index = self._read_index()
             if index is None:
+                lease.check()
                 atomic_write_bytes(self.directory / INDEX_NAME, _dump({**meta.to_index(), "shards": {}}))
             else:
                 self._check_identity(index)
+
+    def _index_writer(self) -> contextlib.AbstractContextManager[DatabaseLease]:
+        """``index.json`` is read, changed and replaced whole: one writer at a time, on every host (its ``flock``
+        and its lease in the ledger's database, which GPU workers on other hosts wait for)."""
+        what = f"the hidden-state store index {self.directory / INDEX_NAME}"
+        return exclusive(self.directory, LOCK_NAME, what=what, location=self.lease_location, wait_s=self.lease_wait_s)
 
     def _read_index(self) -> dict[str, Any] | None:
         p = self.directory / INDEX_NAME
@@ -583,11 +603,12 @@ class StoreWriter:
             (self.directory / name).unlink()
         if not listed:
             return
-        with directory_lock(self.directory, LOCK_NAME):
+        with self._index_writer() as lease:
             index_doc = self._read_index() or {**self.meta.to_index(), "shards": {}}
             entry = index_doc["shards"].get(f"shard-{index:05d}")
             if entry and name in entry.get("files", {}):
                 del entry["files"][name]
+                lease.check()
                 atomic_write_bytes(self.directory / INDEX_NAME, _dump(index_doc))
 
     def open_shard(
@@ -610,7 +631,7 @@ class StoreWriter:
         offsets = [0]
         for n in lengths[:-1]:
             offsets.append(offsets[-1] + n)
-        with directory_lock(self.directory, LOCK_NAME):
+        with self._index_writer() as lease:
             doc = self._read_index() or {**self.meta.to_index(), "shards": {}}
             self._check_identity(doc)
             sid = f"shard-{index:05d}"
@@ -634,6 +655,7 @@ class StoreWriter:
             )
             doc["shards"][sid] = entry
             doc["shards"] = dict(sorted(doc["shards"].items()))
+            lease.check()
             atomic_write_bytes(self.directory / INDEX_NAME, _dump(doc))
 
 
