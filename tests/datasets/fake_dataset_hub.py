@@ -11,12 +11,16 @@ It answers the routes ``snapshot_download`` uses for a dataset, in the shapes th
   Hub sends before redirecting to its CDN; ``X-Error-Code: EntryNotFound`` for a missing file.
 
 A revision is a branch name (``main``), or a commit sha. Every request is recorded, so tests can
-check that a cached or offline run asked nothing.
+check that a cached or offline run asked nothing. ``GET`` on a file honours one ``Range`` (``bytes=a-b``,
+``bytes=a-``, ``bytes=-n``) with a 206, as the Hub's CDN does, and every file's body bytes sent are counted
+in its repo's ``served`` (repo path → bytes), so tests can tell a footer read from a download.
 """
 
 import asyncio
 import hashlib
+import re
 import threading
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -31,6 +35,7 @@ class FakeDatasetRepo:
     repo_id: str
     commits: dict[str, dict[str, bytes]] = field(default_factory=dict)  # sha → {path: bytes}
     branches: dict[str, str] = field(default_factory=dict)  # name → sha
+    served: Counter[str] = field(default_factory=Counter)  # repo path → body bytes sent (all commits)
 
     def commit(self, files: dict[str, bytes], branch: str = "main") -> str:
         sha = hashlib.sha1(repr(sorted((p, hashlib.sha256(b).hexdigest()) for p, b in files.items())).encode())
@@ -54,6 +59,22 @@ def _entry(path: str, data: bytes) -> dict:
     if path.endswith(LFS_SUFFIXES):
         out["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}
     return out
+
+
+_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+
+
+def _byte_range(header: str | None, size: int) -> tuple[int, int] | None:
+    """``(start, end)`` (end exclusive) of a single-range ``Range`` header, or None for the whole file."""
+    if not header:
+        return None
+    m = _RANGE.match(header.strip())
+    if m is None or not (m.group(1) or m.group(2)):
+        raise ValueError(f"unsupported Range {header!r}")
+    if not m.group(1):
+        return max(0, size - int(m.group(2))), size
+    end = min(size, int(m.group(2)) + 1) if m.group(2) else size
+    return int(m.group(1)), end
 
 
 def build_app(repos: dict[str, FakeDatasetRepo], requests: list[str]) -> web.Application:
@@ -147,7 +168,19 @@ def build_app(repos: dict[str, FakeDatasetRepo], requests: list[str]) -> web.App
         if request.method == "HEAD":
             headers["Content-Length"] = str(len(data))
             return web.Response(status=200, headers=headers)
-        return web.Response(status=200, body=data, headers=headers)
+        try:
+            span = _byte_range(request.headers.get("Range"), len(data))
+        except ValueError:
+            return web.Response(status=416, headers={"Content-Range": f"bytes */{len(data)}"})
+        if span is None:
+            repo.served[path] += len(data)
+            return web.Response(status=200, body=data, headers=headers)
+        start, end = span
+        if start >= len(data) or start >= end:
+            return web.Response(status=416, headers={"Content-Range": f"bytes */{len(data)}"})
+        headers["Content-Range"] = f"bytes {start}-{end - 1}/{len(data)}"
+        repo.served[path] += end - start
+        return web.Response(status=206, body=data[start:end], headers=headers)
 
     app = web.Application()
     base = "/api/datasets/{owner}/{name}"
