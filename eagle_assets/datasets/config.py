@@ -17,6 +17,7 @@ import yaml
 
 from eagle_assets.datasets.file_readers import PromptFileError
 from eagle_assets.datasets.formats import ALL_FIELDS, FORMATS
+from eagle_assets.datasets.hub_rows import hub_row_count
 from eagle_assets.datasets.regeneration import DEFAULT_MODE, MODES
 from eagle_assets.datasets.samples import BUILDERS, write_samples
 from eagle_assets.datasets.sampling import ORDERS, RowOrder, shard_count
@@ -82,17 +83,24 @@ class DatasetSpec:
         return self.source_spec.label
 
     def resolve(self) -> ResolvedSource:
-        """The source's files (a Hub split is fetched once into the HF cache), kept for this process."""
+        """The source's files (a Hub split is fetched into the HF cache: only when a partition runs, never
+        when the definitions load), kept for this process."""
         if "source" not in self._resolved:
             self._resolved["source"] = resolve_source(self.source_spec)
         return self._resolved["source"]
 
     def row_count(self) -> int:
+        """Rows of the whole source, without downloading a Hub split: the definitions call this on every load
+        (see :mod:`.hub_rows`); a local source is counted once per fingerprint."""
+        spec = self.source_spec
+        if spec.hub is not None:
+            return hub_row_count(spec.hub, dataset_cache_dir()).total
         return cached_row_count(self.resolve(), dataset_cache_dir())
 
     def shard_keys(self) -> list[str]:
-        """Partition keys for this dataset's shards (one placeholder shard when the source cannot be read now:
-        the run itself then says what is missing)."""
+        """Partition keys for this dataset's shards (one placeholder shard when the source cannot be read now,
+        a local file missing or the Hub unreachable with nothing cached: the code location still loads, and
+        materializing the shard fails naming the source and the cause)."""
         try:
             rows = self.row_count()
         except PromptFileError as exc:

@@ -17,6 +17,10 @@ Which files make up a split follows the Hub's own conventions, in this order:
    the layout of the Hub's Parquet conversion, revision ``refs/convert/parquet``); a repo whose files
    name no split is all ``train``.
 
+The selection (:func:`select_paths`, :meth:`SplitPatterns.select`) is the same on a downloaded snapshot and on
+the Hub's file listing, which :mod:`.hub_rows` counts the rows of when the definitions load: the shard keys are
+those of the very files a partition downloads.
+
 Data files are those :mod:`.file_readers` reads: JSON Lines (also ``.json``, the usual name of
 ShareGPT-style sets' ``train.json``, whether JSON Lines or one array), Parquet; ``datasets``' own
 metadata files (``dataset_info.json``) are never data. Not followed (assumed absent from prompt
@@ -92,11 +96,16 @@ def is_hub_spec(text: str) -> bool:
     return text.startswith(HUB_PREFIX)
 
 
-def _offline() -> bool:
+def hub_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
 
 
-def _cache_dir() -> str | None:
+def hub_endpoint() -> str | None:
+    """``HF_ENDPOINT`` read now (``huggingface_hub`` reads it at import), so a test's loopback Hub is used."""
+    return os.environ.get("HF_ENDPOINT") or None
+
+
+def hf_cache_dir() -> str | None:
     """The hub cache as ``huggingface_hub`` would pick it, but read now: its own constants are fixed at import."""
     if os.environ.get("HF_HUB_CACHE"):
         return os.environ["HF_HUB_CACHE"]
@@ -116,14 +125,14 @@ def _download(ref: HubDatasetRef, revision: str, patterns: list[str]) -> Path:
             repo_type="dataset",
             revision=revision,
             allow_patterns=patterns,
-            endpoint=os.environ.get("HF_ENDPOINT") or None,
-            cache_dir=_cache_dir(),
-            local_files_only=_offline(),
+            endpoint=hub_endpoint(),
+            cache_dir=hf_cache_dir(),
+            local_files_only=hub_offline(),
         )
     except LocalEntryNotFoundError as exc:
         raise HubSourceError(
             f"{ref.label}@{revision}: not in the local Hugging Face cache and the Hub cannot be reached"
-            f"{' (HF_HUB_OFFLINE is set)' if _offline() else ''}: fetch it once online. ({exc})"
+            f"{' (HF_HUB_OFFLINE is set)' if hub_offline() else ''}: fetch it once online. ({exc})"
         ) from exc
     except HfHubHTTPError as exc:
         raise HubSourceError(f"{ref.label}@{revision}: the Hub refused it ({type(exc).__name__}: {exc})") from exc
@@ -206,23 +215,64 @@ def _filename_patterns(split: str, prefix: str | None) -> list[str]:
     ]
 
 
+def select_paths(paths: list[str], patterns: list[str]) -> list[str]:
+    """The data files among ``paths`` (repo paths) that match ``patterns``, sorted: the one rule for which files
+    make up a split, used both on a downloaded snapshot and on the Hub's file listing. Sorted by path parts (as
+    ``Path`` objects sort), so row indices do not depend on where the list came from."""
+    picked = [p for p in paths if is_data_file(p) and any(fnmatch.fnmatch(p, pat) for pat in patterns)]
+    return sorted(picked, key=lambda p: p.split("/"))
+
+
 def _matching(folder: Path, patterns: list[str]) -> list[tuple[str, Path]]:
     if not folder.is_dir():
         return []
-    out = []
-    for path in sorted(folder.rglob("*")):
-        rel = path.relative_to(folder).as_posix()
-        if path.is_file() and is_data_file(rel) and any(fnmatch.fnmatch(rel, p) for p in patterns):
-            out.append((rel, path))
-    return out
+    rels = [path.relative_to(folder).as_posix() for path in folder.rglob("*") if path.is_file()]
+    return [(rel, folder / rel) for rel in select_paths(rels, patterns)]
 
 
-def resolve_hub_dataset(ref: HubDatasetRef) -> HubSnapshot:
-    """Fetch (or find in the cache) the files of ``ref``'s split and pin the commit they came from."""
+@dataclass(frozen=True)
+class SplitPatterns:
+    """What a split is made of before any data file is fetched: the commit the revision points to, the config,
+    and the globs its files match (from ``data_files``, the dataset card, or the file-name conventions)."""
+
+    ref: HubDatasetRef
+    commit: str
+    config: str | None
+    patterns: tuple[str, ...]
+
+    @property
+    def train_fallback(self) -> bool:
+        """Whether a split naming no file is all the repo's data files (the Hub's rule for ``train``)."""
+        return not self.ref.data_files and self.ref.split == "train" and self.ref.config is None
+
+    def missing(self, patterns: list[str] | tuple[str, ...]) -> HubSourceError:
+        revision = self.ref.revision or "main"
+        return HubSourceError(
+            f"{self.ref.label}@{revision} (commit {self.commit}): no data files for split {self.ref.split!r}"
+            f"{f' of config {self.config!r}' if self.config else ''} (looked for {list(patterns)}; supported"
+            f" files end in {', '.join(SUPPORTED_SUFFIXES)})"
+        )
+
+    def select(self, repo_paths: list[str]) -> list[str]:
+        """The split's files among all the files of the commit; raises naming the globs when there are none."""
+        found = select_paths(repo_paths, list(self.patterns))
+        if not found and self.train_fallback:
+            found = select_paths(repo_paths, list(DATA_FILE_PATTERNS))
+        if not found:
+            raise self.missing(self.patterns)
+        return found
+
+
+def split_patterns(ref: HubDatasetRef) -> SplitPatterns:
+    """Pin the revision to a commit and work out the split's globs; fetches the dataset card only (offline: the
+    cached one)."""
     revision = ref.revision or "main"
     where = f"{ref.label}@{revision}"
     card_folder = _download(ref, revision, ["README.md"])
     commit = card_folder.name  # snapshots/<commit>: what the revision pointed to now
+    # A repo without a card leaves no snapshot folder, and huggingface_hub offline pins a branch only to a commit
+    # whose folder exists: without it, the shard keys of a card-less Parquet split would need the Hub every load.
+    card_folder.mkdir(parents=True, exist_ok=True)
     config = ref.config
     if ref.data_files:
         patterns = list(ref.data_files)
@@ -232,17 +282,20 @@ def resolve_hub_dataset(ref: HubDatasetRef) -> HubSnapshot:
             config, patterns = card_split_patterns(card, ref.config, ref.split, where)
         else:
             patterns = _filename_patterns(ref.split, ref.config)
+    return SplitPatterns(ref, commit, config, tuple(patterns))
+
+
+def resolve_hub_dataset(ref: HubDatasetRef) -> HubSnapshot:
+    """Fetch (or find in the cache) the files of ``ref``'s split and pin the commit they came from."""
+    split = split_patterns(ref)
+    commit, config, patterns = split.commit, split.config, list(split.patterns)
     folder = _download(ref, commit, patterns)
     found = _matching(folder, patterns)
-    if not found and not ref.data_files and ref.split == "train" and ref.config is None:
+    if not found and split.train_fallback:
         # The Hub's rule: files that name no split are all the train split.
         patterns = list(DATA_FILE_PATTERNS)
         folder = _download(ref, commit, patterns)
         found = _matching(folder, patterns)
     if not found:
-        raise HubSourceError(
-            f"{where} (commit {commit}): no data files for split {ref.split!r}"
-            f"{f' of config {config!r}' if config else ''} (looked for {patterns}; supported files end in"
-            f" {', '.join(SUPPORTED_SUFFIXES)})"
-        )
+        raise split.missing(patterns)
     return HubSnapshot(ref, commit, config, tuple(p for _, p in found), tuple(r for r, _ in found))
