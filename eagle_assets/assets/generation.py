@@ -4,6 +4,8 @@ One asset per dataset (not a static × dynamic grid) because every dataset has i
 shards; a backfill of "failed and missing" then re-runs exactly the shards left.
 """
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import dagster as dg
@@ -14,9 +16,10 @@ from eagle_assets.assets.dataset_metadata import input_metadata
 from eagle_assets.assets.failures import fail, project_errors_fail
 from eagle_assets.corpus.validation import run_generated_checks
 from eagle_assets.datasets.config import DatasetSpec
+from eagle_assets.generation.partition_fence import PartitionFence
 from eagle_assets.generation.partition_inputs import partition_inputs
 from eagle_assets.generation.partition_output import write_partition_parquet
-from eagle_assets.generation.partition_runs import native_completion_counts, run_partition
+from eagle_assets.generation.partition_runs import native_completion_counts, open_ledger, run_partition
 from eagle_assets.generation.partition_sidecars import read_native_counts, record_allowed_providers, write_native_counts
 from eagle_assets.generation.plan import plan_gate
 from eagle_assets.generation.plan_file import read_plan
@@ -32,8 +35,15 @@ from resources.openrouter.resource import OpenRouterResource
 MAX_LOGGED_PROBLEMS = 20
 
 
-def fetch_native_counts(parquet: Path, dataset: str, shard: str, openrouter: OpenRouterResource) -> int:
-    """The provider's own completion counts for a sample of kept responses, beside the partition."""
+def fetch_native_counts(
+    parquet: Path,
+    dataset: str,
+    shard: str,
+    openrouter: OpenRouterResource,
+    before_write: Callable[[], None] = lambda: None,
+) -> int:
+    """The provider's own completion counts for a sample of kept responses, beside the partition.
+    ``before_write``: the partition fence's check, right before the sidecar is replaced."""
     import polars as pl
 
     have = read_native_counts(dataset, shard)
@@ -43,8 +53,30 @@ def fetch_native_counts(parquet: Path, dataset: str, shard: str, openrouter: Ope
     picked = dict(sorted(wanted.items())[:room])
     if picked:
         have.update(native_completion_counts(openrouter, picked))
+        before_write()
         write_native_counts(dataset, shard, have)
     return len(have)
+
+
+@contextmanager
+def partition_outputs_fence(openrouter: OpenRouterResource, key: str) -> Iterator[PartitionFence]:
+    """The partition's lease again, for publishing what the run journaled: the runner gave its lease back when
+    it stopped, and a host that lost it (declared dead while paused) must not overwrite the parquet or the
+    sidecars of the run that took the partition over (``PartitionBusyError``, ``FenceLostError``)."""
+    with open_ledger(openrouter) as ledger, ledger.partition_fence(key) as fence:
+        yield fence
+
+
+def record_providers_fenced(fence: PartitionFence, dataset: str, shard: str, names: list[str]) -> list[str]:
+    """The providers sidecar (merged with earlier runs'), replaced only while the fence's token is current."""
+    fence.check()
+    return record_allowed_providers(dataset, shard, names)
+
+
+def write_parquet_fenced(fence: PartitionFence, journal: Path, parquet: Path) -> int:
+    """The partition's parquet from its journal, replaced only while the fence's token is current; its rows."""
+    fence.check()
+    return write_partition_parquet(journal, parquet)
 
 
 def report_metadata(report: PartitionReport) -> dict[str, dg.MetadataValue]:
@@ -107,7 +139,7 @@ def run_generation(
         context.log.warning(f"skipping unusable prompt row {p}")
     if len(problems) > MAX_LOGGED_PROBLEMS:
         context.log.warning(f"... and {len(problems) - MAX_LOGGED_PROBLEMS} more unusable rows in this shard")
-    journal, parquet = partition_paths(spec.name, shard)
+    journal, _ = partition_paths(spec.name, shard)
     check_shard_identity(
         journal, ShardIdentity(inputs.scan.rows, spec.shard_size, spec.order, spec.seed, inputs.source.description)
     )
@@ -119,8 +151,24 @@ def run_generation(
         openrouter, job, context.log, observe=lambda snap: context.log_event(account_observation(snap))
     )
     context.log.info(report.summary())
-    allowed = record_allowed_providers(spec.name, shard, report.allowed_providers)
-    meta = {**input_metadata(inputs), **report_metadata(report)}
+    with partition_outputs_fence(openrouter, job.key) as fence:
+        return publish_generation(context, spec, openrouter, duckdb, report, fence, input_metadata(inputs))
+
+
+def publish_generation(
+    context: dg.AssetExecutionContext,
+    spec: DatasetSpec,
+    openrouter: OpenRouterResource,
+    duckdb: DuckDBResource,
+    report: PartitionReport,
+    fence: PartitionFence,
+    inputs_meta: dict[str, dg.MetadataValue],
+) -> dg.MaterializeResult:
+    """Judge the run's stop, then publish the partition's files while holding its fence."""
+    shard = context.partition_key
+    journal, parquet = partition_paths(spec.name, shard)
+    allowed = record_providers_fenced(fence, spec.name, shard, report.allowed_providers)
+    meta = {**inputs_meta, **report_metadata(report)}
     if report.stop_reason in ("budget", "credits"):
         raise fail(
             f"budget exhausted — {report.done} of {report.total} prompts done, resumable "
@@ -140,7 +188,7 @@ def run_generation(
             f" {report.stop_detail or 'no detail'} ({report.done} of {report.total} done)",
             meta,
         )
-    meta["rows"] = dg.MetadataValue.int(rows := write_partition_parquet(journal, parquet))
+    meta["rows"] = dg.MetadataValue.int(rows := write_parquet_fenced(fence, journal, parquet))
     if rows == 0:
         raise fail(
             f"{spec.name}/{shard}: all {report.total} requests ended without an answer to keep"
@@ -148,7 +196,8 @@ def run_generation(
             meta,
         )
     meta["path"] = dg.MetadataValue.path(str(parquet))
-    meta["native_counts_fetched"] = dg.MetadataValue.int(fetch_native_counts(parquet, spec.name, shard, openrouter))
+    fetched = fetch_native_counts(parquet, spec.name, shard, openrouter, before_write=fence.check)
+    meta["native_counts_fetched"] = dg.MetadataValue.int(fetched)
     outcomes = run_generated_checks(parquet, allowed, duckdb.settings())
     return dg.MaterializeResult(
         metadata=meta, check_results=check_results(context.asset_key, outcomes, GENERATED_CHECKS)
