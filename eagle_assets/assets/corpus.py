@@ -96,7 +96,8 @@ def build_corpus_asset(datasets: Sequence[DatasetSpec]) -> dg.AssetsDefinition:
             max_samples_per_shard=config.max_samples_per_shard,
             max_tokens_per_shard=config.max_tokens_per_shard,
         )
-        result = merge_corpus(sources, corpus_dir(), merge)
+        # Its single-writer lease goes in the ledger the resource names, as the spend below is read from it.
+        result = merge_corpus(sources, corpus_dir(), merge, lease_location=openrouter.ledger_location())
         index = result.index
         keys = [shard_partition_key(e["file"]) for split in index["splits"].values() for e in split["shards"]]
         sync_shard_partitions(context.instance, keys)

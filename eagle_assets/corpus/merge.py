@@ -53,7 +53,7 @@ from eagle_assets.corpus.io import (
     write_row_groups_atomic,
 )
 from eagle_assets.corpus.tokenized_schema import ARROW_SCHEMA, COLUMNS
-from eagle_assets.generation.database_lease import exclusive
+from eagle_assets.generation.folder_lease import exclusive
 
 CORPUS_FORMAT = "eagle-forge-corpus"
 CORPUS_FORMAT_VERSION = 1

@@ -12,21 +12,13 @@ database (PostgreSQL across hosts, the SQLite ledger on one machine: one code pa
   critical sections, as ``flock`` waited) or fails; a holder whose heartbeat stopped (a SIGKILLed host) is
   taken over once its lease has run out. Either way a refusal names the holder: owner, pid, host, since when.
 
-``exclusive`` is the one entry point for folder writers: ``flock`` (unless ``EAGLE_FORGE_FLOCK=0``, as on a
-mount that does not honour it), then the lease on a ledger opened for the purpose.
+Folder writers take it through ``folder_lease.exclusive``.
 """
 
-import contextlib
-import fcntl
-import os
-import threading
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
-from eagle_assets import settings
 from eagle_assets.errors import GenerationError, LeaseLost
 from eagle_assets.generation.liveness import why_dead
 
@@ -51,12 +43,6 @@ class LeaseBusyError(GenerationError, RuntimeError):
 
 class LeaseLostError(LeaseLost, RuntimeError):
     """This writer no longer holds its lease: it must not write."""
-
-
-def flock_enabled() -> bool:
-    """``EAGLE_FORGE_FLOCK`` (default on): off where the mount does not honour ``flock``, so that the database
-    lease alone keeps writers apart (and tests can show it does)."""
-    return os.environ.get("EAGLE_FORGE_FLOCK", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 class DatabaseLease:
@@ -200,63 +186,3 @@ class DatabaseLease:
             )
         if row[2] is None or row[2] < self.margin_s:
             raise self.lost_error(f"{self.what}: this writer's lease has {row[2] or 0:.1f} s left; not writing")
-
-
-# --- folder writers ----------------------------------------------------------------------------------------------
-
-_LOCAL: dict[str, threading.Lock] = {}
-_LOCAL_GUARD = threading.Lock()
-
-
-def folder_lease_name(directory: Path) -> str:
-    """The lease's name for a folder: relative to the home when inside it, since hosts may mount the shared
-    home at different paths; the absolute path otherwise."""
-    directory = Path(directory).expanduser().absolute()
-    home = settings.forge_home()
-    return f"dir:{directory.relative_to(home)}" if directory.is_relative_to(home) else f"dir:{directory}"
-
-
-@contextlib.contextmanager
-def _flock(directory: Path, lock_name: str) -> Iterator[None]:
-    directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / lock_name, "a+") as lock:
-        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
-
-
-@contextlib.contextmanager
-def _thread_turn(name: str) -> Iterator[None]:
-    """Threads of one process share nothing in the database (each opens its own owner), but take turns here
-    too, so that turning ``flock`` off never lets two threads of one process in at once."""
-    with _LOCAL_GUARD:
-        lock = _LOCAL.setdefault(name, threading.Lock())
-    with lock:
-        yield
-
-
-@contextlib.contextmanager
-def exclusive(
-    directory: Path,
-    lock_name: str,
-    *,
-    what: str,
-    location: str | Path | None = None,
-    wait_s: float | None = None,
-) -> Iterator[DatabaseLease]:
-    """Be the only writer of ``directory``: its ``flock`` for this host, then its lease in the ledger's database
-    (``location``; default ``settings.ledger_location()``) for every host. Yields the lease, to ``check``
-    before publishing."""
-    from eagle_assets.generation.ledger import BudgetLedger  # the ledger imports this module
-
-    directory = Path(directory).expanduser().absolute()
-    name = folder_lease_name(directory)
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(_thread_turn(name))
-        if flock_enabled():
-            stack.enter_context(_flock(directory, lock_name))
-        ledger = BudgetLedger(settings.ledger_location() if location is None else location)
-        stack.callback(ledger.close)
-        yield stack.enter_context(DatabaseLease(ledger, name, what=what, wait_s=wait_s, wait_for_live=True))

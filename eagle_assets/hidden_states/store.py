@@ -56,7 +56,8 @@ import torch
 from eagle_assets.durable_files import atomic_write_bytes as durable_atomic_write_bytes
 from eagle_assets.durable_files import durable_replace, host_tag, pid_alive
 from eagle_assets.errors import TargetError
-from eagle_assets.generation.database_lease import DatabaseLease, exclusive
+from eagle_assets.generation.database_lease import DatabaseLease
+from eagle_assets.generation.folder_lease import exclusive
 from eagle_assets.hidden_states.layers import AuxLayers
 
 FORMAT = "eagle-forge-hidden-states"
