@@ -18,7 +18,12 @@ them::
       draft/latest/export/                     the published draft; draft/benchmarks/<stamp>/: serving runs
       state/ledger.sqlite, generation_plan.json, datasets/   the ledger, the plan, dataset scan caches
       models/tiny-kimi-seed<seed>/             the tiny target
-      simulator/, duckdb_tmp/, dagster_home/   scratch: the embedded simulator, DuckDB spill, Dagster's home
+      simulator/, duckdb_tmp/                  this host's scratch (``scratch_root``: $EAGLE_FORGE_SCRATCH if set)
+      dagster_home/                            Dagster's home
+
+Scratch is the one exception to "everything under the home": with a home shared by several hosts, each host
+keeps its scratch on its own disk. Hidden-state staging and checkpoints in progress are not scratch: they are
+renamed into place, and a rename stays on one file system, so they live beside what they become.
 """
 
 from pathlib import Path
@@ -164,14 +169,21 @@ def tiny_target_dir(seed: int = 0, *, home: Path | None = None) -> Path:
     return root(home) / "models" / f"tiny-kimi-seed{seed}"
 
 
+def scratch_root(*, home: Path | None = None) -> Path:
+    """This host's scratch: ``EAGLE_FORGE_SCRATCH`` when set (a local path, outside the shared home), else the
+    home itself, as on one machine."""
+    return settings.scratch_dir() or root(home)
+
+
 def simulator_dir(*, home: Path | None = None) -> Path:
-    """The embedded simulator's pid file, state and log."""
-    return root(home) / "simulator"
+    """The embedded simulator's pid file, state and log: per host, since the simulator listens on this host's
+    127.0.0.1 and its pid is this host's."""
+    return scratch_root(home=home) / "simulator"
 
 
 def duckdb_tmp_dir(*, home: Path | None = None) -> Path:
-    """DuckDB's spill directory unless the resource names one."""
-    return root(home) / "duckdb_tmp"
+    """DuckDB's spill directory unless the resource names one: per host, on its local disk."""
+    return scratch_root(home=home) / "duckdb_tmp"
 
 
 def dagster_home(*, home: Path | None = None) -> Path:

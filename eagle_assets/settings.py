@@ -1,4 +1,5 @@
-"""What the environment says: the home folder (``EAGLE_FORGE_HOME``), the ledger's database, the tokenizer.
+"""What the environment says: the home folder (``EAGLE_FORGE_HOME``), this host's scratch, the ledger's database,
+the tokenizer.
 
 The paths under the home are composed in ``layout``.
 """
@@ -19,6 +20,14 @@ def _default_home() -> Path:
 
 def forge_home() -> Path:
     return Path(os.environ.get("EAGLE_FORGE_HOME") or _default_home()).expanduser().resolve()
+
+
+def scratch_dir() -> Path | None:
+    """``EAGLE_FORGE_SCRATCH``: this host's own scratch folder, on its local disk (DuckDB's spill, the embedded
+    simulator's pid file and state), when ``EAGLE_FORGE_HOME`` is shared by several hosts: spill files are
+    heavy and short-lived, and one host's simulator pid means nothing on another. Empty: under the home."""
+    raw = os.environ.get("EAGLE_FORGE_SCRATCH", "").strip()
+    return Path(raw).expanduser().resolve() if raw else None
 
 
 def database_url() -> str:

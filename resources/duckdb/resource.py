@@ -20,7 +20,10 @@ class DuckDBResource(dg.ConfigurableResource):
     database: str = Field(default=":memory:", description="DuckDB database; ':memory:' or a file path")
     memory_limit: str = Field(default="2GB", description="per-query memory cap; DuckDB spills beyond it")
     threads: int = Field(default=2, ge=1, description="threads per query")
-    temp_directory: str = Field(default="", description="spill directory (default: $EAGLE_FORGE_HOME/duckdb_tmp)")
+    temp_directory: str = Field(
+        default="",
+        description="spill directory (default: duckdb_tmp in $EAGLE_FORGE_SCRATCH, else in $EAGLE_FORGE_HOME)",
+    )
     max_examples: int = Field(default=5, ge=0, description="failing rows shown per check")
 
     def settings(self) -> DuckDBSettings:

@@ -196,16 +196,35 @@ def _layout_paths() -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("name", _layout_paths())
-def test_every_layout_path_is_under_the_home_it_is_given(name, tmp_path, monkeypatch):
-    monkeypatch.setenv("EAGLE_FORGE_HOME", str(tmp_path / "configured"))
+# This host's scratch (``layout.scratch_root``): the one exception to the rule, and only when EAGLE_FORGE_SCRATCH
+# names a folder; then these lie under it, whatever the home.
+SCRATCH_PATHS = {"scratch_root", "simulator_dir", "duckdb_tmp_dir"}
+
+
+def _paths_of(name: str, home: Path | None) -> tuple[Path, ...]:
     f = getattr(layout, name)
     args = {p: EXAMPLE_ARGUMENTS[p] for p in inspect.signature(f).parameters if p != "home"}
-    given = f(**args, home=tmp_path / "given")
-    default = f(**args)
-    for path, home in ((given, tmp_path / "given"), (default, tmp_path / "configured")):
-        for p in path if isinstance(path, tuple) else (path,):
-            assert p.is_relative_to(home), (name, p)
+    path = f(**args) if home is None else f(**args, home=home)
+    return path if isinstance(path, tuple) else (path,)
+
+
+def test_the_scratch_exception_names_layout_functions():
+    assert set(_layout_paths()) >= SCRATCH_PATHS
+
+
+@pytest.mark.parametrize("name", _layout_paths())
+@pytest.mark.parametrize("scratch", [False, True], ids=["no-scratch", "scratch-set"])
+def test_every_layout_path_is_under_the_home_it_is_given(name, scratch, tmp_path, monkeypatch):
+    monkeypatch.setenv("EAGLE_FORGE_HOME", str(tmp_path / "configured"))
+    if scratch:
+        monkeypatch.setenv("EAGLE_FORGE_SCRATCH", str(tmp_path / "local-disk"))
+    else:
+        monkeypatch.delenv("EAGLE_FORGE_SCRATCH", raising=False)
+    for home, expected in ((tmp_path / "given", tmp_path / "given"), (None, tmp_path / "configured")):
+        if scratch and name in SCRATCH_PATHS:
+            expected = tmp_path / "local-disk"
+        for p in _paths_of(name, home):
+            assert p.is_relative_to(expected), (name, p)
 
 
 def test_a_corpus_shard_and_its_partition_key_name_each_other(tmp_path):
