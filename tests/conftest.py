@@ -2,8 +2,13 @@
 
 The server starts once per session (about 3 s here, as root or not: see ``resources.postgres.local_server``);
 each test gets a database of its own, dropped afterwards.
+
+The session's ``EAGLE_FORGE_HOME`` is a temporary folder of its own (tests that need another set theirs): code
+that takes a lease or writes state without being given a home would otherwise write into the checkout's (or the
+user's) ``.eagle_forge``, and a test must leave nothing behind.
 """
 
+import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -12,6 +17,13 @@ from pathlib import Path
 import pytest
 
 from resources.postgres.local_server import LocalPostgres, start_local_postgres
+
+_SESSION_HOME = Path(tempfile.mkdtemp(prefix="eagle-forge-tests-home-"))
+os.environ["EAGLE_FORGE_HOME"] = str(_SESSION_HOME)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    shutil.rmtree(_SESSION_HOME, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -45,9 +45,9 @@ def test_compose_scratch_is_off_the_shared_volume():
 
 
 def test_the_scratch_setting_moves_duckdb_spill_and_the_simulator(tmp_path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setenv("EAGLE_FORGE_HOME", str(tmp_path / "shared"))
+    monkeypatch.setenv("EAGLE_FORGE_HOME", str(tmp_path / "shared_home"))
     monkeypatch.delenv("EAGLE_FORGE_SCRATCH", raising=False)
-    assert Path(str(DuckDBResource().settings().temp_directory)) == tmp_path / "shared" / "duckdb_tmp"  # as before
+    assert Path(str(DuckDBResource().settings().temp_directory)) == tmp_path / "shared_home" / "duckdb_tmp"  # as before
     monkeypatch.setenv("EAGLE_FORGE_SCRATCH", str(tmp_path / "local"))
     assert Path(str(DuckDBResource().settings().temp_directory)) == tmp_path / "local" / "duckdb_tmp"
     assert layout.simulator_dir() == tmp_path / "local" / "simulator"

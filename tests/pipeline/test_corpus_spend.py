@@ -18,7 +18,7 @@ def test_corpus_spend_comes_from_the_resources_database(tmp_path, monkeypatch):
     home = tmp_path / "home"
     monkeypatch.setenv("EAGLE_FORGE_HOME", str(home))
     monkeypatch.delenv("EAGLE_FORGE_DATABASE_URL", raising=False)
-    elsewhere = tmp_path / "shared" / "ledger.sqlite"  # the resource's database_url, not the home's file
+    elsewhere = tmp_path / "elsewhere" / "ledger.sqlite"  # the resource's database_url, not the home's file
     spec = DatasetSpec("S1", write_prompts(tmp_path / "s1.jsonl", 8, tag="s"), 10**9, 8)
     gen = build_generated_asset(spec)
     tok = build_tokenized_asset(spec, gen.partitions_def)
