@@ -1094,8 +1094,13 @@ class BudgetLedger:
         return self._orphan_owner(cur, owner)
 
     def _orphan_owner(self, cur: Cursor, owner: str) -> int:
-        """Charge an owner's open reservations at their worst case and forget the owner; those whose request
-        never went out (reserved ahead, not ``mark_sent``) are released."""
+        """Charge an owner's open reservations and forget the owner; those whose request never went out (reserved
+        ahead, not ``mark_sent``) are released.
+
+        An orphan whose response head had arrived is charged its worst case provisionally and settled later by its
+        generation id. One sent without a head names nothing that ``/generation`` could look up, so its charge is
+        final: its worst case when held hard, else its dataset's share of what those requests hold under the
+        admission bound (``_headless_charges``), the same bound that admitted them."""
         rows = cur.execute(
             "SELECT id, dataset, partition, prompt_id, usd, tokens, seq, hard, prompt_usd, price, generation_id, sent"
             " FROM reservations WHERE owner = ?",
@@ -1107,10 +1112,13 @@ class BudgetLedger:
             )
             for row in rows
         ]
+        headless = self._headless_charges(
+            cur, [res for row, res in zip(rows, orphans, strict=True) if row[11] and not row[10]]
+        )
         self._close_many(
             cur,
             [
-                (res, res.usd, 0, "orphan") if row[11] or row[10] else (res, 0.0, 0, "released")
+                (res, headless.get(res.id, res.usd), 0, "orphan") if row[11] or row[10] else (res, 0.0, 0, "released")
                 for row, res in zip(rows, orphans, strict=True)
             ],
         )
@@ -1123,6 +1131,39 @@ class BudgetLedger:
         cur.execute("DELETE FROM slots WHERE owner = ?", (owner,))
         PartitionFence.release_all(cur, owner)
         return len(rows)
+
+    def _headless_charges(self, cur: Cursor, orphans: list[Reservation]) -> dict[str, float]:
+        """What each statistical orphan sent without a response head is charged, by reservation id.
+
+        Their bill can never be looked up, so worst case for good overcharged every kill by the requests whose head
+        had not come (the soak: 9% over what was billed). They are a random draw of their dataset's answers, so
+        per dataset they are charged what the admission bound holds for them (expected cost plus its deviation at
+        the policy's overspend probability, never above their worst case), split in proportion to worst case.
+        Held hard (the policy or the reservation), or a dataset without enough answers for a length model: worst
+        case, as before."""
+        if self.policy.hard:
+            return {}
+        by_dataset: dict[str, list[Reservation]] = {}
+        for res in orphans:
+            if not res.hard:
+                by_dataset.setdefault(res.dataset, []).append(res)
+        charges: dict[str, float] = {}
+        for dataset, group in by_dataset.items():
+            open_group = OpenGroup(
+                count=len(group),
+                worst_usd=sum(r.usd for r in group),
+                prompt_usd=sum(r.prompt_usd for r in group),
+                price_sum=sum(r.price for r in group),
+                price_sq_sum=sum(r.price * r.price for r in group),
+                price_max=max(r.price for r in group),
+                max_tokens=max(r.tokens for r in group),
+            )
+            model = self._model(self._moments(cur, dataset), open_group.max_tokens)
+            if model is None or open_group.worst_usd <= 0:
+                continue
+            share = held_usd([(open_group, model)], self.policy) / open_group.worst_usd
+            charges.update({r.id: r.usd * min(1.0, share) for r in group})
+        return charges
 
     @_reconnecting(idempotent=True)
     def correct_orphans(self, partition: str, actual: Mapping[str, tuple[float, int]]) -> float:

@@ -419,3 +419,47 @@ def test_an_orphan_whose_generation_id_arrived_is_settled_later(ledger_at):
     assert led.uncertain_attempts() == []
     assert led.totals().usd_spent == pytest.approx(0.11 + 0.05 + 0.40)
     led.close()
+
+
+def _settled_history(led: BudgetLedger, n: int, price: float, max_tokens: int) -> None:
+    """``n`` answers of B1 settled at lengths around 300 tokens: enough for a length model."""
+    rng = random.Random(3)
+    reqs = [
+        ReservationRequest("B1", "B1/0", f"a{i}", 0.001 + price * max_tokens, max_tokens, 0.001, price)
+        for i in range(n)
+    ]
+    granted, denial = led.reserve_many(reqs, budget_usd=100.0, token_budget=None)
+    assert len(granted) == n and denial is None
+    lengths = [max(1, int(rng.gauss(300, 100))) for _ in granted]
+    led.settle_many([Settlement(r, 0.001 + price * t, t) for r, t in zip(granted, lengths, strict=True)])
+
+
+@pytest.mark.parametrize("mode", ["statistical", "hard"])
+def test_an_orphan_sent_without_a_response_head_is_charged_what_its_admission_held(ledger_at, mode):
+    """Nothing names such an orphan to /generation, so its charge is final: worst case for good overcharged every
+    kill (the soak: 9% over what was billed). Statistical: what the admission bound holds for them, far under the
+    worst case and above their expected cost; hard: the worst case, as the budget promised."""
+    path, price, max_tokens = ledger_at("l"), 1e-5, 2000
+    policy = AdmissionPolicy(mode=mode)
+    led = BudgetLedger(path, policy=policy)
+    _settled_history(led, 400, price, max_tokens)
+    spent_before = led.totals().usd_spent
+    led.close()
+    dead = BudgetLedger(path, policy=policy)
+    reqs = [
+        ReservationRequest("B1", "B1/1", f"o{i}", 0.001 + price * max_tokens, max_tokens, 0.001, price)
+        for i in range(100)
+    ]
+    granted, _ = dead.reserve_many(reqs, budget_usd=100.0, token_budget=None)
+    dead.mark_sent([r.id for r in granted])  # sent; no head ever came: no generation id
+    dead.close()  # orphans them, as a dead owner's recovery does
+    led = BudgetLedger(path, policy=policy)
+    charged = led.totals().usd_spent - spent_before
+    worst = 100 * (0.001 + price * max_tokens)
+    assert led.uncertain_attempts() == [] and led.totals().in_flight == 0
+    if mode == "hard":
+        assert charged == pytest.approx(worst)
+    else:
+        expected = 100 * (0.001 + price * 300)
+        assert expected < charged < 0.5 * worst, (expected, charged, worst)
+    led.close()
