@@ -113,13 +113,14 @@ def _abandoned(sim: Any) -> int:
 
 
 def _books(led: BudgetLedger) -> dict[str, Any]:
-    """What the ledger charged, and of it what the kills' orphans cost (settled, or still at worst case)."""
+    """What the ledger charged, and of it what the kills' orphans cost (settled, or charged for good)."""
     kinds = led.spend_by_kind()
     return {
         "spent_usd": led.totals().usd_spent,
         "uncertain": len(led.uncertain_attempts()),
         "orphan_usd": sum(v for k, v in kinds.items() if k.startswith("orphan")),
-        "orphan_worst_case_usd": kinds.get("orphan", 0.0),  # no id seen (or not settled yet): worst case
+        # No id seen (or not settled yet): worst case, or in statistical mode what the admission bound held.
+        "orphan_worst_case_usd": kinds.get("orphan", 0.0),
         "by_kind": kinds,
     }
 
@@ -325,7 +326,8 @@ def main() -> None:
         type=float,
         default=0.6,
         help="median answer latency, s (lognormal; the request timeout grows with it). At 0.6 s a kill finds many"
-        " requests whose response head has not arrived yet (their ids unknown, so charged at worst case for good);"
+        " requests whose response head has not arrived yet (their ids unknown: charged for good, at what the"
+        " admission bound held for them in statistical mode, at worst case in hard mode);"
         " OpenRouter's answers for a 1T model take tens of seconds, which makes that window a small share",
     )
     ap.add_argument("--stream", action="store_true", help="stream responses (SSE)")
@@ -370,7 +372,7 @@ def main() -> None:
     print(
         f"  what the kills cost: ${st['kill_cost_before_usd']:.4f} charged for requests in flight at them before"
         f" settlement, ${st['kill_cost_after_usd']:.4f} after (${st['kill_cost_at_worst_case_after_usd']:.4f} of it"
-        " still at worst case: requests whose response head had not arrived)"
+        " charged for good: requests whose response head had not arrived, at what the admission bound held)"
     )
     print(f"  output tokens:       {r['output_tokens']:,} of {r['token_budget']:,} token budget")
     print(
