@@ -58,7 +58,9 @@ def test_a_materialization_spends_through_the_postgres_ledger(tmp_path, monkeypa
     try:
         assert led.totals().usd_spent == pytest.approx(billed) and billed > 0
         assert led.totals("P1").in_flight == 0
-        with led.db.read() as cur:  # the run took the partition's lease, and gave it back
-            assert cur.execute("SELECT holder, token FROM partition_leases").fetchall() == [(None, 1)]
+        # The run took the partition's lease, then the asset took it again to publish the outputs (token 2), and
+        # both gave it back.
+        with led.db.read() as cur:
+            assert cur.execute("SELECT holder, token FROM partition_leases").fetchall() == [(None, 2)]
     finally:
         led.close()

@@ -31,8 +31,10 @@ def test_two_hosts_one_killed_share_one_account(tmp_path):
     assert r["returncodes"]["host-a"] == r["returncodes"]["host-c"] == 2  # both stopped by the budget, resumably
     assert r["budget_stops"] == {"host-a": True, "host-c": True}
     assert r["samples"] > 0 and r["samples_over_cap"] == 0 and r["peak_in_flight"] <= cfg.concurrency
-    # Both hosts want more than the cap (4 datasets of 150 prompts at 0.1 s), so the account-wide cap binds.
-    assert r["peak_in_flight"] >= 0.9 * cfg.concurrency
+    # Both hosts want more than the cap (4 datasets of 150 prompts at 0.1 s), so the account-wide cap binds: the
+    # sum reaches near it (32 of 32 on an idle machine, 28 under a full test suite beside: a starved client leaves
+    # slots empty for a moment), far above one host's fair half.
+    assert r["peak_in_flight"] >= 0.75 * cfg.concurrency
     assert r["spent_phase_1_usd"] <= r["budget_phase_1_usd"] + 1e-9
     assert r["billed_phase_1_usd"] <= r["spent_phase_1_usd"] + 1e-9
     assert r["records_lost"] == 0 and r["records_duplicated"] == 0
