@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO))
 
 from eagle_assets.generation.journal import scan  # noqa: E402
 from eagle_assets.generation.ledger import BudgetLedger  # noqa: E402
-from eagle_assets.generation.settlement import settle_pending  # noqa: E402
+from eagle_assets.generation.settlement import SettlementSchedule, settle_pending  # noqa: E402
 from eagle_assets.settings import tokenizer_dir  # noqa: E402
 from resources.openrouter.client import OpenRouterClient  # noqa: E402
 from resources.openrouter.secret import ApiKey  # noqa: E402
@@ -119,15 +119,20 @@ def _books(led: BudgetLedger) -> dict[str, Any]:
         "spent_usd": led.totals().usd_spent,
         "uncertain": len(led.uncertain_attempts()),
         "orphan_usd": sum(v for k, v in kinds.items() if k.startswith("orphan")),
-        # No id seen (or not settled yet): worst case, or in statistical mode what the admission bound held.
-        "orphan_worst_case_usd": kinds.get("orphan", 0.0),
+        "orphan_worst_case_usd": kinds.get("orphan", 0.0),  # an id seen, not settled yet: worst case
+        # Sent without a response head: what the admission bound held, then what the key's usage left of it.
+        "orphan_headless_usd": kinds.get("orphan_headless", 0.0) + kinds.get("orphan_reconciled", 0.0),
         "by_kind": kinds,
     }
 
 
 async def _settle(led: BudgetLedger, base_url: str, wait_s: float) -> Any:
+    """The next run's first pass: /generation for every attempt with an id, then the ledger held against the key's
+    usage counter. A real run waits ``key_usage_quiet_s`` (10 min) of quiet for the counter to catch up; the
+    simulator's counter is exact at once and every life has ended, so this one does not wait."""
     async with OpenRouterClient(base_url, ApiKey("sk-or-simulator")) as client:
-        return await settle_pending(led, client.generation, wait_s)
+        schedule = SettlementSchedule(key_usage_quiet_s=0.0)
+        return await settle_pending(led, client.generation, wait_s, schedule, key_info=client.key_info)
 
 
 def run_soak(cfg: SoakConfig, work: Path, log=print) -> dict[str, Any]:
@@ -295,6 +300,9 @@ def run_soak(cfg: SoakConfig, work: Path, log=print) -> dict[str, Any]:
             "kill_cost_before_usd": before["orphan_usd"],
             "kill_cost_after_usd": after["orphan_usd"],
             "kill_cost_at_worst_case_after_usd": after["orphan_worst_case_usd"],
+            "kill_cost_headless_before_usd": before["orphan_headless_usd"],
+            "kill_cost_headless_after_usd": after["orphan_headless_usd"],
+            "key_usage_refunded_usd": tally.key_check.refunded_usd if tally.key_check else None,
             "by_kind_after": after["by_kind"],
         },
         "output_tokens": soak_tokens,
@@ -371,8 +379,10 @@ def main() -> None:
     )
     print(
         f"  what the kills cost: ${st['kill_cost_before_usd']:.4f} charged for requests in flight at them before"
-        f" settlement, ${st['kill_cost_after_usd']:.4f} after (${st['kill_cost_at_worst_case_after_usd']:.4f} of it"
-        " charged for good: requests whose response head had not arrived, at what the admission bound held)"
+        f" settlement, ${st['kill_cost_after_usd']:.4f} after; of it, sent without a response head:"
+        f" ${st['kill_cost_headless_before_usd']:.4f} (what the admission bound held), then"
+        f" ${st['kill_cost_headless_after_usd']:.4f} once held against the key's usage counter"
+        f" (${st['key_usage_refunded_usd'] or 0.0:.4f} given back)"
     )
     print(f"  output tokens:       {r['output_tokens']:,} of {r['token_budget']:,} token budget")
     print(

@@ -106,6 +106,7 @@ CREATE TABLE IF NOT EXISTS account (
 CREATE TABLE IF NOT EXISTS account_changes (
   at REAL NOT NULL, owner TEXT NOT NULL, host TEXT NOT NULL, budget_before INTEGER, budget_after INTEGER NOT NULL,
   max_in_flight_before INTEGER, max_in_flight_after INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS key_usage (id INTEGER PRIMARY KEY, offset_usd BIGINT NOT NULL, at REAL NOT NULL);
 CREATE INDEX IF NOT EXISTS reservations_owner ON reservations(owner);
 CREATE INDEX IF NOT EXISTS uncertain_due ON uncertain(next_lookup);
 CREATE INDEX IF NOT EXISTS spend_partition ON spend(partition, kind);
@@ -206,6 +207,17 @@ class Reservation:
     hard: bool = True
     prompt_usd: float = 0.0  # the prompt part of ``usd``
     price: float = 0.0  # the completion price per token ``usd`` assumed
+
+
+@dataclass(frozen=True)
+class KeyUsageCheck:
+    """One ``reconcile_key_usage``: whether the ledger was quiet enough to hold against the key (else why not),
+    what it gave back and from how many head-less orphans."""
+
+    done: bool
+    why_not: str
+    refunded_usd: float = 0.0
+    orphans: int = 0
 
 
 @dataclass(frozen=True)
@@ -1118,7 +1130,11 @@ class BudgetLedger:
         self._close_many(
             cur,
             [
-                (res, headless.get(res.id, res.usd), 0, "orphan") if row[11] or row[10] else (res, 0.0, 0, "released")
+                (res, res.usd, 0, "orphan")
+                if row[10]
+                else (res, headless.get(res.id, res.usd), 0, "orphan_headless")
+                if row[11]
+                else (res, 0.0, 0, "released")
                 for row, res in zip(rows, orphans, strict=True)
             ],
         )
@@ -1171,7 +1187,8 @@ class BudgetLedger:
         refunded = 0.0
         with self._tx() as cur:
             rows = cur.execute(
-                "SELECT id, dataset, usd FROM spend WHERE partition = ? AND kind = 'orphan'", (partition,)
+                "SELECT id, dataset, usd FROM spend WHERE partition = ? AND kind IN ('orphan', 'orphan_headless')",
+                (partition,),
             ).fetchall()
             for rid, dataset, nano in rows:
                 if rid not in actual:
@@ -1186,6 +1203,50 @@ class BudgetLedger:
                 cur.execute("DELETE FROM uncertain WHERE spend_id = ?", (rid,))  # known exactly now
                 refunded += nano / NANO - real_usd
         return refunded
+
+    @_reconnecting(idempotent=False)
+    def reconcile_key_usage(self, key_usage_usd: float, *, quiet_s: float, now: float | None = None) -> KeyUsageCheck:
+        """Hold the ledger against the key's own usage counter (``/key``'s ``usage``), and give back what the orphans
+        sent without a response head were charged beyond what the key was billed.
+
+        Those orphans name nothing that ``/generation`` could look up, so their charge (``_headless_charges``) is a
+        bound, not a bill. The key's usage counts every request billed, named or not: at a quiet moment (nothing
+        open or uncertain on the ledger, no spend for ``quiet_s``, so that the counter has caught up) the key's usage
+        less the ledger's spend is a fixed offset (what the key spent before or beside this ledger). The first quiet
+        check records it; a later one that finds the offset smaller finds the ledger over by that much, and gives it
+        back from the head-less orphans charged since (never more than they were charged, in proportion). A larger
+        offset (the key used elsewhere, or a head-less orphan that was billed) gives nothing back. Either way the
+        offset is recorded again, and those orphans are final.
+        """
+        now = time.time() if now is None else now
+        with self._tx() as cur:
+            (open_count,) = cur.execute("SELECT COUNT(*) FROM reservations").fetchone()
+            (uncertain,) = cur.execute("SELECT COUNT(*) FROM uncertain").fetchone()
+            (last_spend,) = cur.execute("SELECT MAX(at) FROM spend").fetchone()
+            if open_count or uncertain:
+                return KeyUsageCheck(False, f"{open_count} requests open, {uncertain} uncertain")
+            if last_spend is not None and now - last_spend < quiet_s:
+                return KeyUsageCheck(False, f"last spend {now - last_spend:.0f} s ago, under {quiet_s:.0f} s")
+            (spent,) = cur.execute("SELECT usd_spent FROM totals WHERE scope = ?", (GLOBAL,)).fetchone() or (0,)
+            mark = cur.execute("SELECT offset_usd FROM key_usage WHERE id = 1").fetchone()
+            headless = cur.execute("SELECT id, dataset, usd FROM spend WHERE kind = 'orphan_headless'").fetchall()
+            refund = 0
+            if mark is not None and headless:
+                charged = sum(row[2] for row in headless)
+                refund = max(0, min(charged, mark[0] - (_n(key_usage_usd) - spent)))
+                given = 0
+                for i, (rid, dataset, nano) in enumerate(headless):
+                    part = refund - given if i == len(headless) - 1 else refund * nano // charged
+                    given += part
+                    cur.execute("UPDATE spend SET usd = ?, kind = 'orphan_reconciled' WHERE id = ?", (nano - part, rid))
+                    for scope in (GLOBAL, _scope(dataset)):
+                        self._bump(cur, scope, usd_spent=-part)
+            elif headless:  # no earlier mark to hold them against: their charge stands
+                cur.execute("UPDATE spend SET kind = 'orphan_reconciled' WHERE kind = 'orphan_headless'")
+            offset = _n(key_usage_usd) - (spent - refund)
+            cur.execute("DELETE FROM key_usage WHERE id = 1")
+            cur.execute("INSERT INTO key_usage(id, offset_usd, at) VALUES (1, ?, ?)", (offset, now))
+            return KeyUsageCheck(True, "", refunded_usd=refund / NANO, orphans=len(headless))
 
     # --- attempts awaiting settlement -------------------------------------------------------
     @_reconnecting(idempotent=True)

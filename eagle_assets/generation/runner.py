@@ -36,7 +36,7 @@ from eagle_assets.generation.journal import Journal
 from eagle_assets.generation.ledger import BudgetLedger, Denial, Reservation, ReservationRequest, Settlement
 from eagle_assets.generation.records import skipped_record, success_record
 from eagle_assets.generation.retry_policy import RetryPolicy
-from eagle_assets.generation.settlement import LazySettler, SettlementSchedule
+from eagle_assets.generation.settlement import LazySettler, SettlementSchedule, reconcile_with_key
 from eagle_assets.generation.turn_chains import TurnChains
 from resources.openrouter.account import read_account_cap
 from resources.openrouter.outcomes import Action, Outcome, RawResponse, classify, generation_id_of
@@ -880,6 +880,13 @@ class PartitionRunner:
             await self._settler.round(all_pending=True)
         except Exception as exc:  # best effort: the provisional charges stand meanwhile
             log.warning("%s: settlement of earlier attempts failed: %s", self.job.key, type(exc).__name__)
+            return
+        check = await reconcile_with_key(self.ledger, self.client.key_info, self.s.settlement.key_usage_quiet_s)
+        if check is not None and check.done and check.orphans:
+            self.emit(
+                f"{self.job.key}: held against the key's usage, {check.orphans} orphans of killed runs sent without"
+                f" a response head were charged ${check.refunded_usd:.4f} more than the key was billed: given back"
+            )
 
     async def _settle_at_end(self) -> None:
         """Look this run's uncertain attempts up once more; what is still unknown waits for a later run."""

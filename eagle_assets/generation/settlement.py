@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from eagle_assets.generation.ledger import BudgetLedger, Reservation, Settlement, UncertainAttempt
+from eagle_assets.generation.ledger import BudgetLedger, KeyUsageCheck, Reservation, Settlement, UncertainAttempt
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,9 @@ class SettlementSchedule:
     claim_s: float = 60.0  # a claimed attempt is not looked up by another process for this long
     final_wait_s: float = 5.0  # at a run's end, how long to keep trying this run's attempts
     lookup_timeout_s: float = 10.0  # one /generation lookup
+    # How long the ledger must have been quiet (nothing open or uncertain, no spend) before it is held against the
+    # key's usage counter (``reconcile_with_key``): the counter must have caught up with every bill.
+    key_usage_quiet_s: float = 600.0
 
     def __post_init__(self) -> None:
         if self.first_lookup_s < 0 or self.backoff < 1 or self.max_interval_s <= 0 or self.write_off_after_s <= 0:
@@ -74,6 +77,7 @@ class SettlementTally:
     lookups: int = 0
     pending_own: int = 0  # this run's attempts still unsettled when it ended
     pending_own_usd: float = 0.0
+    key_check: KeyUsageCheck | None = None  # the ledger held against the key's usage counter, if it was
 
     def line(self) -> str:
         return (
@@ -252,12 +256,34 @@ class LazySettler:
         return self.tally
 
 
+async def reconcile_with_key(
+    ledger: BudgetLedger, key_info: Callable[[], Awaitable[dict[str, Any]]], quiet_s: float
+) -> KeyUsageCheck | None:
+    """Hold the ledger against the key's usage counter (``BudgetLedger.reconcile_key_usage``); None when the key
+    cannot be read or names no usage (best effort: the head-less orphans' charges stand meanwhile)."""
+    try:
+        info = await key_info()
+    except Exception as exc:
+        log.warning("reading the key's usage to hold the ledger against failed: %s", type(exc).__name__)
+        return None
+    usage = (info.get("data") or {}).get("usage") if isinstance(info, dict) else None
+    if isinstance(usage, bool) or not isinstance(usage, int | float):
+        return None
+    return ledger.reconcile_key_usage(float(usage), quiet_s=quiet_s)
+
+
 async def settle_pending(
-    ledger: BudgetLedger, lookup: Lookup, wait_s: float, schedule: SettlementSchedule | None = None
+    ledger: BudgetLedger,
+    lookup: Lookup,
+    wait_s: float,
+    schedule: SettlementSchedule | None = None,
+    key_info: Callable[[], Awaitable[dict[str, Any]]] | None = None,
 ) -> SettlementTally:
     """Settle every attempt awaiting settlement on the ledger, trying for up to ``wait_s`` (outside a run:
-    after a kill, or to see the books exact before a report)."""
-    settler = LazySettler(ledger, lookup, schedule or SettlementSchedule())
+    after a kill, or to see the books exact before a report); with ``key_info``, then hold the ledger against the
+    key's usage counter (``reconcile_with_key``, after ``schedule.key_usage_quiet_s`` of quiet)."""
+    schedule = schedule or SettlementSchedule()
+    settler = LazySettler(ledger, lookup, schedule)
     deadline = time.monotonic() + wait_s
     pause = 0.5
     while True:
@@ -272,4 +298,6 @@ async def settle_pending(
     left = ledger.uncertain_attempts()
     settler.tally.pending_own = len(left)
     settler.tally.pending_own_usd = sum(a.provisional_usd for a in left)
+    if key_info is not None and not left:
+        settler.tally.key_check = await reconcile_with_key(ledger, key_info, schedule.key_usage_quiet_s)
     return settler.tally

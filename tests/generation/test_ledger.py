@@ -463,3 +463,60 @@ def test_an_orphan_sent_without_a_response_head_is_charged_what_its_admission_he
         expected = 100 * (0.001 + price * 300)
         assert expected < charged < 0.5 * worst, (expected, charged, worst)
     led.close()
+
+
+def test_head_less_orphans_are_held_against_the_keys_usage_counter(ledger_at):
+    """What the key was billed settles what nothing else could name: at a quiet moment the key's usage less the
+    ledger's spend is a fixed offset; a later quiet check that finds it smaller gives the difference back from the
+    head-less orphans (never more than they were charged), one that finds it larger (the key used elsewhere) does
+    not, and a ledger with anything open, uncertain or just spent is not held against the counter at all."""
+    path, price, max_tokens = ledger_at("l"), 1e-5, 2000
+    led = BudgetLedger(path)
+    first = led.reconcile_key_usage(5.0, quiet_s=0)  # the key spent $5 before this ledger existed
+    assert first.done and first.refunded_usd == 0 and first.orphans == 0
+    _settled_history(led, 400, price, max_tokens)
+    history = led.totals().usd_spent
+    assert not led.reconcile_key_usage(5.0 + history, quiet_s=3600).done  # answers just settled: not yet
+    led.close()
+
+    def kill_with_head_less_orphans(tag: str) -> float:
+        before = BudgetLedger(path)
+        spent = before.totals().usd_spent
+        before.close()
+        dead = BudgetLedger(path)
+        reqs = [
+            ReservationRequest("B1", "B1/1", f"{tag}{i}", 0.001 + price * max_tokens, max_tokens, 0.001, price)
+            for i in range(100)
+        ]
+        granted, _ = dead.reserve_many(reqs, budget_usd=100.0, token_budget=None)
+        dead.mark_sent([r.id for r in granted])
+        dead.close()
+        after = BudgetLedger(path)
+        charged = after.totals().usd_spent - spent
+        after.close()
+        return charged
+
+    charged = kill_with_head_less_orphans("o")
+    assert charged > 0.4  # the admission bound's share: a bound, not a bill
+    led = BudgetLedger(path)
+    billed_for_them = 0.04  # ten of them reached the provider and were billed $0.004 each
+    check = led.reconcile_key_usage(5.0 + history + billed_for_them, quiet_s=0)
+    assert check.done and check.orphans == 100
+    assert check.refunded_usd == pytest.approx(charged - billed_for_them)
+    assert led.totals().usd_spent == pytest.approx(history + billed_for_them)
+    assert led.totals("B1").usd_spent == pytest.approx(history + billed_for_them)
+    assert led.spend_by_kind()["orphan_reconciled"] == pytest.approx(billed_for_them)
+    again = led.reconcile_key_usage(5.0 + history + billed_for_them, quiet_s=0)
+    assert again.done and again.orphans == 0 and again.refunded_usd == 0
+    led.close()
+    # The key was used elsewhere meanwhile ($10 beside this ledger): nothing to give back, the charge stands.
+    charged2 = kill_with_head_less_orphans("q")
+    led = BudgetLedger(path)
+    spent = led.totals().usd_spent
+    check = led.reconcile_key_usage(5.0 + history + billed_for_them + 10.0, quiet_s=0)
+    assert check.done and check.orphans == 100 and check.refunded_usd == 0 and charged2 > 0
+    assert led.totals().usd_spent == pytest.approx(spent)
+    # Open requests: never held against the counter.
+    led.reserve_many([("B1", "B1/2", "x", 0.01, 10)], budget_usd=100.0, token_budget=None)
+    assert not led.reconcile_key_usage(0.0, quiet_s=0).done
+    led.close()

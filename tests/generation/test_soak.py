@@ -24,6 +24,10 @@ def check(result: dict, cfg: SoakConfig) -> None:
     assert st["uncertain_after"] == 0 and st["charged_after_usd"] <= st["charged_before_usd"] + 1e-9
     assert st["kill_cost_after_usd"] <= st["kill_cost_before_usd"] + 1e-9
     assert st["charged_after_usd"] == pytest.approx(result["spent_usd"])
+    # Held against the key's usage counter, the requests killed before their head cost what the key was billed:
+    # the books end within 5% of the bill (before the counter, what the admission bound held for them stayed).
+    assert st["charged_after_usd"] <= 1.05 * result["simulator_billed_usd"] + 1e-6
+    assert st["kill_cost_headless_after_usd"] <= st["kill_cost_headless_before_usd"] + 1e-9
 
 
 def test_sigkill_without_faults_loses_and_duplicates_nothing(tmp_path):
