@@ -259,14 +259,15 @@ class LazySettler:
 async def reconcile_with_key(
     ledger: BudgetLedger, key_info: Callable[[], Awaitable[dict[str, Any]]], quiet_s: float
 ) -> KeyUsageCheck | None:
-    """Hold the ledger against the key's usage counter (``BudgetLedger.reconcile_key_usage``); None when the key
-    cannot be read or names no usage (best effort: the head-less orphans' charges stand meanwhile)."""
+    """Hold the ledger against the key's usage counter (``BudgetLedger.reconcile_key_usage``); ``key_info`` returns
+    ``/key``'s ``data`` (``OpenRouterClient.key_info``). None when the key cannot be read or names no usage (best
+    effort: the head-less orphans' charges stand meanwhile)."""
     try:
         info = await key_info()
     except Exception as exc:
         log.warning("reading the key's usage to hold the ledger against failed: %s", type(exc).__name__)
         return None
-    usage = (info.get("data") or {}).get("usage") if isinstance(info, dict) else None
+    usage = info.get("usage") if isinstance(info, dict) else None  # ``key_info`` is /key's ``data``
     if isinstance(usage, bool) or not isinstance(usage, int | float):
         return None
     return ledger.reconcile_key_usage(float(usage), quiet_s=quiet_s)

@@ -27,6 +27,7 @@ def check(result: dict, cfg: SoakConfig) -> None:
     # Held against the key's usage counter, the requests killed before their head cost what the key was billed:
     # the books end within 5% of the bill (before the counter, what the admission bound held for them stayed).
     assert st["charged_after_usd"] <= 1.05 * result["simulator_billed_usd"] + 1e-6
+    assert st["key_usage_refunded_usd"] is not None  # the final pass did read the key's counter
     assert st["kill_cost_headless_after_usd"] <= st["kill_cost_headless_before_usd"] + 1e-9
 
 
