@@ -49,3 +49,8 @@ def tokenizer_dir(source: str | Path | None = None) -> Path:
     from eagle_assets.tokenization.tokenizer_source import resolve_tokenizer_dir
 
     return resolve_tokenizer_dir(source)
+
+
+def switch_on(name: str) -> bool:
+    """An on/off environment switch that is on unless set to 0, false, no or off (the flock switches)."""
+    return os.environ.get(name, "1").strip().lower() not in ("0", "false", "no", "off")

@@ -7,13 +7,12 @@ Used by the corpus merge and a hidden-state store's index.
 """
 
 import contextlib
-import fcntl
-import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 from eagle_assets import layout, settings
+from eagle_assets.durable_files import directory_lock
 from eagle_assets.generation.database_lease import DatabaseLease
 from eagle_assets.generation.ledger import BudgetLedger
 
@@ -21,7 +20,7 @@ from eagle_assets.generation.ledger import BudgetLedger
 def flock_enabled() -> bool:
     """``EAGLE_FORGE_FLOCK`` (default on): off where the mount does not honour ``flock``, so that the database
     lease alone keeps writers apart (and tests can show it does)."""
-    return os.environ.get("EAGLE_FORGE_FLOCK", "1").strip().lower() not in ("0", "false", "no", "off")
+    return settings.switch_on("EAGLE_FORGE_FLOCK")
 
 
 _LOCAL: dict[str, threading.Lock] = {}
@@ -34,17 +33,6 @@ def folder_lease_name(directory: Path) -> str:
     directory = Path(directory).expanduser().absolute()
     home = layout.root()
     return f"dir:{directory.relative_to(home)}" if directory.is_relative_to(home) else f"dir:{directory}"
-
-
-@contextlib.contextmanager
-def _flock(directory: Path, lock_name: str) -> Iterator[None]:
-    directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / lock_name, "a+") as lock:
-        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
 
 
 @contextlib.contextmanager
@@ -74,7 +62,7 @@ def exclusive(
     with contextlib.ExitStack() as stack:
         stack.enter_context(_thread_turn(name))
         if flock_enabled():
-            stack.enter_context(_flock(directory, lock_name))
+            stack.enter_context(directory_lock(directory, lock_name))
         ledger = BudgetLedger(settings.ledger_location() if location is None else location)
         stack.callback(ledger.close)
         yield stack.enter_context(DatabaseLease(ledger, name, what=what, wait_s=wait_s, wait_for_live=True))

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 import orjson
 
+from eagle_assets import settings
 from eagle_assets.errors import GenerationError
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,7 @@ _NO_LOCKS = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS}
 
 
 def flock_enabled() -> bool:
-    return os.environ.get("EAGLE_FORGE_JOURNAL_FLOCK", "1").strip().lower() not in ("0", "false", "no", "off")
+    return settings.switch_on("EAGLE_FORGE_JOURNAL_FLOCK")
 
 
 def encode_line(record: dict[str, Any]) -> bytes:
