@@ -41,12 +41,11 @@ from eagle_assets.hidden_states.fidelity import (
     FidelityConfig,
     NextTokenFigures,
     ShardCalibration,
+    calibration_positions,
     head_predictions,
     logprob_noise,
     mean_norm,
     mean_relative_difference,
-    pick_calibration_samples,
-    pick_positions,
     precision_eps,
     projection,
     signature,
@@ -106,11 +105,7 @@ def calibrate_shard(
 ) -> ShardCalibration:
     """Run the target in full on the calibration samples of one shard and record what the checks compare with."""
     config = config or FidelityConfig()
-    masks = [list(s.loss_mask) for s in samples]
-    chosen = pick_calibration_samples(masks, config, key)
-    if not chosen:
-        raise ValueError(f"corpus shard {key}: no sample has a response token to predict; nothing to calibrate on")
-    positions = pick_positions(masks, config.positions, config.seed, key, "calibration-positions", chosen)
+    per_sample = calibration_positions([list(s.loss_mask) for s in samples], config, key)
     head = model.get_output_embeddings()
     n_layers = num_decoder_layers(model)
     if n_layers != layers.num_layers:
@@ -120,10 +115,7 @@ def calibrate_shard(
     next_ids: list[int] = []
     groups: list[int] = []
     top1_parts, logprob_parts = [], []
-    for i in chosen:
-        ts = [t for j, t in positions if j == i]
-        if not ts:
-            continue
+    for i, ts in per_sample.items():
         states, last, logits = _full_run(model, samples[i].input_ids, ts, last_kind)
         for j, h in enumerate(states):
             rows[str(j)].append(h.float().cpu())
@@ -164,7 +156,7 @@ def calibrate_shard(
         key=key,
         input_fingerprint=input_fingerprint(samples),
         samples=[samples[i].sample_id for i in sorted(set(groups))],
-        positions=[(i, t) for i in chosen for j, t in positions if j == i],
+        positions=[(i, t) for i, ts in per_sample.items() for t in ts],
         next_ids=next_ids,
         target_top1=top1.tolist(),
         target_logprob=logprob.tolist(),

@@ -45,11 +45,10 @@ from eagle_assets.hidden_states.fidelity import (
     FidelityConfig,
     NextTokenFigures,
     ShardCalibration,
+    calibration_positions,
     head_predictions,
     logprob_noise,
     mean_norm,
-    pick_calibration_samples,
-    pick_positions,
     precision_eps,
     projection,
     signature,
@@ -143,13 +142,8 @@ def calibrate_shard_engine(
     engine computes in (bf16 for Kimi), which bounds how precise a stored state can be.
     """
     config = config or FidelityConfig()
-    masks = [list(s.loss_mask) for s in samples]
-    chosen = pick_calibration_samples(masks, config, key)
-    if not chosen:
-        raise ValueError(f"corpus shard {key}: no sample has a response token to predict; nothing to calibrate on")
-    positions = pick_positions(masks, config.positions, config.seed, key, "calibration-positions", chosen)
-    per_sample = {i: [t for j, t in positions if j == i] for i in chosen}
-    asked = [i for i in chosen if per_sample[i]]
+    per_sample = calibration_positions([list(s.loss_mask) for s in samples], config, key)
+    asked = list(per_sample)
     answers = generate(**build_calibration_request([samples[i] for i in asked]))
     if isinstance(answers, Mapping):
         answers = [answers]

@@ -78,6 +78,21 @@ def pick_positions(
     return out
 
 
+def calibration_positions(
+    masks: Sequence[Sequence[int]], config: FidelityConfig, shard_key: str
+) -> dict[int, list[int]]:
+    """Where a shard's calibration runs the target, whatever runs it (in process or the engine): the chosen samples
+    that drew positions, in order, each with its positions. A shard with nothing to predict is refused."""
+    chosen = pick_calibration_samples(masks, config, shard_key)
+    if not chosen:
+        raise ValueError(
+            f"corpus shard {shard_key}: no sample has a response token to predict; nothing to calibrate on"
+        )
+    positions = pick_positions(masks, config.positions, config.seed, shard_key, "calibration-positions", chosen)
+    per_sample = {i: [t for j, t in positions if j == i] for i in chosen}
+    return {i: ts for i, ts in per_sample.items() if ts}
+
+
 # ----------------------------------------------------------------------------------------------
 # Next-token figures
 
