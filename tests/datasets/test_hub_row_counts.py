@@ -19,6 +19,7 @@ from eagle_assets.datasets.sampling import shard_count
 from eagle_assets.datasets.sources import resolve_source
 from resources.duckdb.resource import DuckDBResource
 from resources.openrouter.resource import OpenRouterResource
+from tests.dagster_failures import failure_text
 from tests.datasets.fake_dataset_hub import FakeDatasetRepo, serve_datasets
 
 SHARD = 100
@@ -173,10 +174,5 @@ def test_an_unreachable_hub_leaves_the_definitions_loadable_and_the_partition_fa
                 raise_on_error=False,
             )
             assert not result.success
-            (failure,) = result.get_step_failure_events()
-            error, parts = failure.step_failure_data.error, []
-            while error is not None:  # the step error, then what raised it
-                parts.append(error.message)
-                error = error.cause
-            message = "\n".join(parts)
+            message = failure_text(result)  # the step error, then what raised it
             assert all(n in message for n in needles), (name, message)

@@ -18,6 +18,7 @@ from resources.duckdb.resource import DuckDBResource
 from resources.openrouter.resource import OpenRouterResource
 from resources.simulator.config import LatencyConfig, SimulatorConfig
 from resources.simulator.control import run_simulator_in_thread
+from tests.dagster_failures import failure_text
 from tests.datasets.fake_dataset_hub import FakeDatasetRepo, serve_datasets
 
 
@@ -56,15 +57,6 @@ def materialize(spec, sim, instance, partition="0000"):
         resources={"openrouter": resource, "duckdb": DuckDBResource()},
         raise_on_error=False,
     )
-
-
-def failure_text(result) -> str:
-    (failure,) = result.get_step_failure_events()
-    error, parts = failure.step_failure_data.error, []
-    while error is not None:
-        parts.append(error.message)
-        error = error.cause
-    return "\n".join(parts)
 
 
 def test_a_sharegpt_file_and_a_hub_set_materialize_with_their_data_described(env, monkeypatch):
