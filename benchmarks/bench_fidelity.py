@@ -35,7 +35,7 @@ from eagle_assets.hidden_states.fidelity import write_calibration  # noqa: E402
 from eagle_assets.hidden_states.fidelity_checks import CorpusShard, run_fidelity_checks  # noqa: E402
 from eagle_assets.hidden_states.fidelity_spec import FidelityConfig  # noqa: E402
 from eagle_assets.hidden_states.layers import AuxLayers  # noqa: E402
-from eagle_assets.hidden_states.store import HiddenStateSample  # noqa: E402
+from eagle_assets.hidden_states.samples import HiddenStateSample  # noqa: E402
 from eagle_assets.target.tiny import build_tiny_target, load_target, tiny_model_id  # noqa: E402
 
 KIMI_HIDDEN, KIMI_SHARD_TOKENS = 7168, 2000 * 3000  # a 2,000-sample Kimi K2.5 shard of ~3k tokens per sample

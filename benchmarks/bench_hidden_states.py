@@ -42,7 +42,8 @@ from safetensors.torch import save_file  # noqa: E402
 from eagle_assets.hidden_states.extract_hf import extract_hf, pad_batch  # noqa: E402
 from eagle_assets.hidden_states.layers import AuxLayers  # noqa: E402
 from eagle_assets.hidden_states.pipeline import padded_tokens, plan_batches  # noqa: E402
-from eagle_assets.hidden_states.store import HiddenStateSample, estimate_store_bytes  # noqa: E402
+from eagle_assets.hidden_states.samples import HiddenStateSample  # noqa: E402
+from eagle_assets.hidden_states.store_space import estimate_store_bytes  # noqa: E402
 from eagle_assets.target.tiny import KIMI_PAD_ID, build_tiny_target, load_target  # noqa: E402
 
 

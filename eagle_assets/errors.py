@@ -81,9 +81,9 @@ The hierarchy (``*`` marks classes defined in the modules named, not here)::
     │   ├── SGLangResponseError *       eagle_assets/hidden_states/extract_sglang.py
     │   ├── CalibrationResponseError *  eagle_assets/hidden_states/calibration_sglang.py
     │   ├── CalibrationMismatchError *  eagle_assets/hidden_states/calibration_sglang.py
-    │   └── StoreError *                eagle_assets/hidden_states/store.py
-    │       ├── StoreMismatchError *    eagle_assets/hidden_states/store.py
-    │       └── InsufficientDiskError * eagle_assets/hidden_states/store.py
+    │   └── StoreError *                eagle_assets/hidden_states/store_format.py
+    │       ├── StoreMismatchError *    eagle_assets/hidden_states/store_format.py
+    │       └── InsufficientDiskError * eagle_assets/hidden_states/store_format.py
     └── EngineError                     a serving engine (SGLang, vLLM) or what the benchmark read from it
         ├── ServingError *              resources/serving/errors.py
         │   ├── ServerStartError *      resources/serving/errors.py

@@ -278,7 +278,8 @@ def calibrate(model: Any, corpus: Corpus, store_dir: Path) -> None:
     from eagle_assets.hidden_states.calibration import calibrate_store
     from eagle_assets.hidden_states.fidelity import write_calibration
     from eagle_assets.hidden_states.fidelity_spec import FidelityConfig
-    from eagle_assets.hidden_states.store import HiddenStateStore, as_sample
+    from eagle_assets.hidden_states.samples import as_sample
+    from eagle_assets.hidden_states.store import HiddenStateStore
     from eagle_assets.target.tiny import tiny_model_id
 
     store = HiddenStateStore(store_dir)
@@ -299,7 +300,8 @@ def fidelity(corpus: Corpus, store_dir: Path, model_dir: Path, device: torch.dev
     from eagle_assets.draft.target import load_target_head
     from eagle_assets.hidden_states.fidelity_checks import CorpusShard, run_fidelity_checks
     from eagle_assets.hidden_states.fidelity_spec import FidelityConfig
-    from eagle_assets.hidden_states.store import HiddenStateStore, as_sample
+    from eagle_assets.hidden_states.samples import as_sample
+    from eagle_assets.hidden_states.store import HiddenStateStore
 
     head = load_target_head(model_dir, HiddenStateStore(store_dir).meta.last_kind).to(device)
     shard = CorpusShard(PARTITION, [as_sample(s) for s in corpus.samples], corpus.prompt_lens)

@@ -73,7 +73,7 @@ def hidden_states(
     context: dg.AssetExecutionContext, config: FidelityCheckConfig, target: TargetModelResource
 ) -> dg.MaterializeResult:
     from eagle_assets.hidden_states.extract_sglang import read_target_dims
-    from eagle_assets.hidden_states.store import check_disk, estimate_store_bytes
+    from eagle_assets.hidden_states.store_space import check_disk, estimate_store_bytes
 
     key = context.partition_key
     source = shard_file(key)
@@ -183,7 +183,8 @@ def calibrate_partition(
     """The target run in full on a few of the shard's samples, recorded beside the store (what the checks use)."""
     from eagle_assets.hidden_states.calibration import calibrate_store
     from eagle_assets.hidden_states.fidelity import write_calibration
-    from eagle_assets.hidden_states.store import HiddenStateStore, as_sample
+    from eagle_assets.hidden_states.samples import as_sample
+    from eagle_assets.hidden_states.store import HiddenStateStore
 
     store = HiddenStateStore(out)
     calibration = calibrate_store(
@@ -210,7 +211,8 @@ def check_partition(
     """The three fidelity checks of this partition's store, with the target's own head (as training loads it)."""
     from eagle_assets.draft.target import load_target_head
     from eagle_assets.hidden_states.fidelity_checks import CorpusShard, run_fidelity_checks
-    from eagle_assets.hidden_states.store import HiddenStateStore, as_sample
+    from eagle_assets.hidden_states.samples import as_sample
+    from eagle_assets.hidden_states.store import HiddenStateStore
 
     device = target.torch_device()
     head = load_target_head(model_dir, HiddenStateStore(out).meta.last_kind).to(device)

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from eagle_assets.draft.model import RMSNorm
-from eagle_assets.hidden_states.store import LAST_KINDS
+from eagle_assets.hidden_states.store_format import LAST_KINDS
 
 if TYPE_CHECKING:  # only a type here: transformers is imported where a model is loaded
     from transformers import PreTrainedModel

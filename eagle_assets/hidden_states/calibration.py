@@ -52,7 +52,8 @@ from eagle_assets.hidden_states.fidelity import (
     slot_names,
 )
 from eagle_assets.hidden_states.layers import AuxLayers
-from eagle_assets.hidden_states.store import HiddenStateSample, dtype_name, input_fingerprint
+from eagle_assets.hidden_states.samples import HiddenStateSample, input_fingerprint
+from eagle_assets.hidden_states.store_format import dtype_name
 
 if TYPE_CHECKING:  # only a type here: transformers is imported where a model is loaded
     from transformers import PreTrainedModel

@@ -54,7 +54,8 @@ from eagle_assets.hidden_states.fidelity import (
     signature,
 )
 from eagle_assets.hidden_states.layers import AuxLayers
-from eagle_assets.hidden_states.store import HiddenStateSample, dtype_name, input_fingerprint
+from eagle_assets.hidden_states.samples import HiddenStateSample, input_fingerprint
+from eagle_assets.hidden_states.store_format import dtype_name
 
 SGLANG_SOURCE = "sglang"
 Generate = Callable[..., Any]  # ``Engine.generate(**request)`` or ``SGLangHTTPClient.generate``

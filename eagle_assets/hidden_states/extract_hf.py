@@ -31,7 +31,8 @@ from torch import nn
 
 from eagle_assets.hidden_states.layers import AuxLayers, resolve_aux_layers
 from eagle_assets.hidden_states.pipeline import ExtractReport, Progress, ShardsInput, run_extraction
-from eagle_assets.hidden_states.store import FEATURES, HiddenStateSample, StoreMeta
+from eagle_assets.hidden_states.samples import HiddenStateSample
+from eagle_assets.hidden_states.store_format import FEATURES, StoreMeta
 
 
 def pick_device() -> torch.device:

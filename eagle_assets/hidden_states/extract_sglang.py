@@ -41,7 +41,8 @@ from eagle_assets.errors import ConfigError, TargetError
 from eagle_assets.hidden_states.fidelity_spec import FidelityConfig
 from eagle_assets.hidden_states.layers import AuxLayers, resolve_aux_layers
 from eagle_assets.hidden_states.pipeline import BatchFn, ExtractReport, Progress, ShardsInput, run_extraction
-from eagle_assets.hidden_states.store import FEATURES, HiddenStateSample, StoreMeta
+from eagle_assets.hidden_states.samples import HiddenStateSample
+from eagle_assets.hidden_states.store_format import FEATURES, StoreMeta
 
 SGLANG_INSTALL = 'pip install "sglang[all]"  (on the GPU host; eagle-forge does not depend on it)'
 ROLES = ("aux", "last")

@@ -51,14 +51,9 @@ from eagle_assets.hidden_states.fidelity import (
     slot_names,
 )
 from eagle_assets.hidden_states.fidelity_spec import ALIGNMENT, AUX_LAYERS, CHECKS, NEXT_TOKEN, FidelityConfig
-from eagle_assets.hidden_states.store import (
-    INDEX_NAME,
-    HiddenStateSample,
-    StoreMeta,
-    dtype_name,
-    input_fingerprint,
-    read_shard_header,
-)
+from eagle_assets.hidden_states.samples import HiddenStateSample, input_fingerprint
+from eagle_assets.hidden_states.shard_file import read_shard_header
+from eagle_assets.hidden_states.store_format import INDEX_NAME, StoreMeta, dtype_name
 
 EAGLE3_AUX = 3
 

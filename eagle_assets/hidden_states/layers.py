@@ -22,7 +22,7 @@ all spellings instead of one bare list:
 
 Index N (the last decoder layer's output) is excluded: HF's ``hidden_states[N]`` is *after* the
 final norm for Llama-style models, and SGLang's capture loop never reaches it, so the three
-spellings would disagree. The last hidden state is stored separately (see ``store.py``).
+spellings would disagree. The last hidden state is stored separately (see ``store_format.py``).
 """
 
 from __future__ import annotations

@@ -19,18 +19,11 @@ from typing import Any, Protocol
 
 import torch
 
-from eagle_assets.hidden_states.store import (
-    INDEX_NAME,
-    HiddenStateSample,
-    ShardWriter,
-    StoreMeta,
-    StoreWriter,
-    as_sample,
-    check_disk,
-    estimate_store_bytes,
-    input_fingerprint,
-    shard_file_name,
-)
+from eagle_assets.hidden_states.samples import HiddenStateSample, as_sample, input_fingerprint
+from eagle_assets.hidden_states.shard_file import ShardWriter
+from eagle_assets.hidden_states.store_format import INDEX_NAME, StoreMeta, shard_file_name
+from eagle_assets.hidden_states.store_space import check_disk, estimate_store_bytes
+from eagle_assets.hidden_states.store_writer import StoreWriter
 
 
 class BatchFn(Protocol):

@@ -11,7 +11,8 @@ from typing import Any
 
 import torch
 
-from eagle_assets.hidden_states.store import HiddenStateStore, StoreError
+from eagle_assets.hidden_states.store import HiddenStateStore
+from eagle_assets.hidden_states.store_format import StoreError
 
 
 class StoreSet:

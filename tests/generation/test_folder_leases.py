@@ -21,9 +21,10 @@ from eagle_assets.generation.database_lease import LeaseBusyError
 from eagle_assets.generation.folder_lease import exclusive, folder_lease_name
 from eagle_assets.generation.ledger_db import open_database
 from eagle_assets.hidden_states.layers import AuxLayers
-from eagle_assets.hidden_states.store import INDEX_NAME as STORE_INDEX
-from eagle_assets.hidden_states.store import LOCK_NAME as STORE_LOCK
-from eagle_assets.hidden_states.store import StoreMeta, StoreWriter
+from eagle_assets.hidden_states.store_format import INDEX_NAME as STORE_INDEX
+from eagle_assets.hidden_states.store_format import LOCK_NAME as STORE_LOCK
+from eagle_assets.hidden_states.store_format import StoreMeta
+from eagle_assets.hidden_states.store_writer import StoreWriter
 from tests.corpus.helpers import tokenized_dataset
 
 CTX = multiprocessing.get_context("spawn")

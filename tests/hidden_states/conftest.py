@@ -5,7 +5,7 @@ import random
 import pytest
 import torch
 
-from eagle_assets.hidden_states.store import HiddenStateSample
+from eagle_assets.hidden_states.samples import HiddenStateSample
 from eagle_assets.target.tiny import build_tiny_target, load_target
 
 

@@ -29,7 +29,8 @@ from eagle_assets.hidden_states.extract_sglang import (
     write_capture_draft,
 )
 from eagle_assets.hidden_states.layers import AuxLayers
-from eagle_assets.hidden_states.store import HiddenStateSample, HiddenStateStore
+from eagle_assets.hidden_states.samples import HiddenStateSample
+from eagle_assets.hidden_states.store import HiddenStateStore
 from tests.hidden_states.sglang_standin import FakeSGLangEngine
 
 F32 = torch.float32

@@ -26,7 +26,8 @@ from eagle_assets.hidden_states.fidelity_checks import (
 )
 from eagle_assets.hidden_states.layers import AuxLayers
 from eagle_assets.hidden_states.pipeline import run_extraction
-from eagle_assets.hidden_states.store import HiddenStateSample, StoreMeta
+from eagle_assets.hidden_states.samples import HiddenStateSample
+from eagle_assets.hidden_states.store_format import StoreMeta
 from eagle_assets.target.tiny import build_tiny_target, load_target, tiny_model_id
 from tests.draft.helpers import batch_greedy
 

@@ -33,7 +33,7 @@ from eagle_assets.hidden_states.fidelity_checks import (
     run_fidelity_checks,
 )
 from eagle_assets.hidden_states.layers import AuxLayers
-from eagle_assets.hidden_states.store import HiddenStateSample
+from eagle_assets.hidden_states.samples import HiddenStateSample
 from eagle_assets.target.tiny import tiny_model_id
 from tests.draft.helpers import batch_greedy
 from tests.hidden_states.sglang_standin import FakeSGLangEngine

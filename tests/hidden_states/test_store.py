@@ -8,16 +8,10 @@ import torch
 
 from eagle_assets.hidden_states.layers import AuxLayers
 from eagle_assets.hidden_states.pipeline import plan_batches, run_extraction
-from eagle_assets.hidden_states.store import (
-    GiB,
-    HiddenStateStore,
-    InsufficientDiskError,
-    StoreMeta,
-    StoreMismatchError,
-    check_disk,
-    estimate_store_bytes,
-    read_shard_header,
-)
+from eagle_assets.hidden_states.shard_file import read_shard_header
+from eagle_assets.hidden_states.store import HiddenStateStore
+from eagle_assets.hidden_states.store_format import GiB, InsufficientDiskError, StoreMeta, StoreMismatchError
+from eagle_assets.hidden_states.store_space import check_disk, estimate_store_bytes
 from tests.hidden_states.conftest import make_corpus
 
 H = 8

@@ -2,7 +2,8 @@ import pytest
 import torch
 
 from eagle_assets.hidden_states.extract_hf import extract_hf
-from eagle_assets.hidden_states.store import HiddenStateStore, StoreError
+from eagle_assets.hidden_states.store import HiddenStateStore
+from eagle_assets.hidden_states.store_format import StoreError
 from eagle_assets.hidden_states.store_set import StoreSet
 from tests.draft.helpers import TINY_AUX, tiny_llama
 

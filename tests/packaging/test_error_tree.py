@@ -21,7 +21,7 @@ from eagle_assets.errors import EagleForgeError, EagleForgeWarning, Resumable
 from eagle_assets.generation.ledger import LedgerLeaseLost
 from eagle_assets.generation.partition_fence import FenceLostError
 from eagle_assets.generation.plan import PlanRefusal
-from eagle_assets.hidden_states.store import StoreError
+from eagle_assets.hidden_states.store_format import StoreError
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("eagle_assets", "resources", "sensors")

@@ -1,0 +1,49 @@
+"""How many bytes a store will take, and whether the disk holding it has them."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from eagle_assets.hidden_states.store_format import GiB, InsufficientDiskError
+
+
+def estimate_store_bytes(
+    n_tokens: int, hidden: int, n_aux: int = 3, with_last: bool = True, dtype_bytes: int = 2
+) -> int:
+    """Bytes the shard files will take for ``n_tokens`` tokens.
+
+    Exact for the tensor data of this format: features ``(n_aux + with_last) * hidden * dtype_bytes``
+    per token, plus 5 bytes per token for ``input_ids`` (int32) and ``loss_mask`` (uint8). Not
+    included: 8 bytes per sample for offsets and a header of a few KiB per shard file.
+    Kimi K2.5 (H = 7168, bf16): 57,349 B/token, about 3.44 TB (3.13 TiB) for 60M tokens.
+    """
+    per_token = (n_aux + int(with_last)) * hidden * dtype_bytes + 4 + 1
+    return int(n_tokens) * per_token
+
+
+def _existing_ancestor(path: Path) -> Path:
+    p = path.expanduser().absolute()
+    while not p.exists():
+        if p.parent == p:
+            break
+        p = p.parent
+    return p
+
+
+def check_disk(path: str | Path, bytes_needed: int, *, reserve_bytes: int = 0) -> int:
+    """Raise ``InsufficientDiskError`` unless the filesystem holding ``path`` has room; return free bytes.
+
+    ``reserve_bytes`` is headroom that must stay free after the write (logs, checkpoints, other
+    jobs sharing the disk). The path need not exist yet: its nearest existing ancestor is measured.
+    """
+    where = _existing_ancestor(Path(path))
+    free = shutil.disk_usage(where).free
+    if bytes_needed + reserve_bytes > free:
+        raise InsufficientDiskError(
+            f"not enough disk for hidden states at {path}: need {bytes_needed / GiB:.2f} GiB"
+            + (f" + {reserve_bytes / GiB:.2f} GiB reserve" if reserve_bytes else "")
+            + f", only {free / GiB:.2f} GiB free on the filesystem of {where}. "
+            "Free space, point the store elsewhere, shrink the corpus, or use online features."
+        )
+    return free
