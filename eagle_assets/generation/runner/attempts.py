@@ -99,12 +99,7 @@ class Attempts(Skips):
             self.report.errors["disallowed_provider"] += 1
             self.report.discarded_usd += cost
             self.report.spent_usd += cost
-            log.warning(
-                "%s: discarded a response from disallowed provider %r ($%.6f)",
-                self.job.key,
-                provider,
-                cost,
-            )
+            log.warning("%s: discarded a response from disallowed provider %r ($%.6f)", self.job.key, provider, cost)
             self.ledger.settle_many([Settlement(tries.res, cost, 0, "discarded")])
             return await self._retry_afresh(tries, backoff=False)
         self.limiter.on_success(raw.latency_s)

@@ -30,9 +30,7 @@ class Progress(StopDecisions):
         self._spent_at_poll = self.ledger.totals().usd_spent
         if initial and self._account_remaining <= 0:
             self._stop(
-                "credits",
-                f"the account has no credit left (${self._account_remaining:.2f}: {cap.detail})",
-                abort=True,
+                "credits", f"the account has no credit left (${self._account_remaining:.2f}: {cap.detail})", abort=True
             )
 
     async def _key_loop(self) -> None:
