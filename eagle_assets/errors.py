@@ -25,9 +25,9 @@ The hierarchy (``*`` marks classes defined in the modules named, not here)::
     │   ├── BudgetModeError *           eagle_assets/budget_mode.py
     │   ├── DatasetConfigError *        eagle_assets/datasets/config.py
     │   ├── RegenerationModeError *     eagle_assets/datasets/regeneration.py
-    │   ├── DatabaseConfigError *       eagle_assets/generation/ledger_db.py
-    │   │   └── SQLiteLedgerRefused *   eagle_assets/generation/ledger_db.py
-    │   ├── AccountSettingsConflict *   eagle_assets/generation/ledger.py
+    │   ├── DatabaseConfigError *       eagle_assets/generation/ledger/database.py
+    │   │   └── SQLiteLedgerRefused *   eagle_assets/generation/ledger/database.py
+    │   ├── AccountSettingsConflict *   eagle_assets/generation/ledger/account.py
     │   ├── ServingConfigError *        resources/serving/resource.py
     │   ├── MissingApiKeyError *        resources/openrouter/secret.py
     │   ├── TargetConfigError *         resources/openrouter/configured.py
@@ -48,12 +48,12 @@ The hierarchy (``*`` marks classes defined in the modules named, not here)::
     │   │   │   └── PartitionBusyError *  eagle_assets/generation/partition_fence.py
     │   │   └── FenceLostError *        eagle_assets/generation/partition_fence.py (also a LeaseLost)
     │   ├── LeaseLost                   this run's lease was lost: stop now, rerun to continue
-    │   │   ├── LedgerLeaseLost *       eagle_assets/generation/ledger.py
+    │   │   ├── LedgerLeaseLost *       eagle_assets/generation/ledger/owners.py
     │   │   ├── LeaseLostError *        eagle_assets/generation/database_lease.py
     │   │   └── FenceLostError *        (see above)
     │   ├── LeaseBusyError *            eagle_assets/generation/database_lease.py
-    │   ├── LedgerConnectionLost *      eagle_assets/generation/ledger_db.py
-    │   ├── LedgerDatabaseUnavailable *  eagle_assets/generation/ledger_db.py (also Systemic)
+    │   ├── LedgerConnectionLost *      eagle_assets/generation/ledger/database.py
+    │   ├── LedgerDatabaseUnavailable *  eagle_assets/generation/ledger/database.py (also Systemic)
     │   ├── PlanInputError *            eagle_assets/generation/plan.py
     │   └── PlanRefusal *               eagle_assets/generation/plan.py
     ├── Resumable                       the work is kept and a rerun continues: not turned into a Failure

@@ -5,7 +5,8 @@ from typing import Any
 
 import pytest
 
-from eagle_assets.generation.ledger import NANO, UncertainAttempt, _uncertain_attempt
+from eagle_assets.generation.ledger import NANO, UncertainAttempt
+from eagle_assets.generation.ledger.uncertain import _uncertain_attempt
 from eagle_assets.generation.runner import PartitionReport
 from resources.openrouter.outcomes import _dict_at
 

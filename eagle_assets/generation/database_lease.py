@@ -12,7 +12,8 @@ database (PostgreSQL across hosts, the SQLite ledger on one machine: one code pa
   critical sections, as ``flock`` waited) or fails; a holder whose heartbeat stopped (a SIGKILLed host) is
   taken over once its lease has run out. Either way a refusal names the holder: owner, pid, host, since when.
 
-Folder writers take it through ``folder_lease.exclusive``.
+Folder writers take it through ``folder_lease.exclusive``. The table (``partition_leases``) is the ledger's
+(``ledger.schema``), and the ledger frees a gone owner's leases itself (``ledger.owners``).
 """
 
 import time
@@ -23,16 +24,8 @@ from eagle_assets.errors import GenerationError, LeaseLost
 from eagle_assets.generation.liveness import why_dead
 
 if TYPE_CHECKING:
-    from eagle_assets.generation.ledger import BudgetLedger
-    from eagle_assets.generation.ledger_db import Cursor
+    from eagle_assets.generation.ledger.owners import OwnersRole
     from eagle_assets.generation.liveness import OwnerRecord
-
-# One table for every named lease; a partition's journal uses its partition key as the name (the column's name
-# is historical), folder writers ``dir:<path>`` (``folder_lease_name``), so the two never meet.
-LEASE_SCHEMA = """
-CREATE TABLE IF NOT EXISTS partition_leases (
-  partition TEXT PRIMARY KEY, holder TEXT, token INTEGER NOT NULL DEFAULT 0, acquired REAL NOT NULL DEFAULT 0);
-"""
 
 DEFAULT_WAIT_S = 600.0
 
@@ -54,7 +47,7 @@ class DatabaseLease:
 
     def __init__(
         self,
-        ledger: "BudgetLedger",
+        ledger: "OwnersRole",
         name: str,
         *,
         what: str | None = None,
@@ -141,11 +134,6 @@ class DatabaseLease:
 
         self.ledger.db.retrying(give_back, idempotent=True, what=f"release of {self.what}")
         self.token = None
-
-    @staticmethod
-    def release_all(cur: "Cursor", owner: str) -> None:
-        """An owner found dead (or closing) holds no lease any more."""
-        cur.execute("UPDATE partition_leases SET holder = NULL WHERE holder = ?", (owner,))
 
     def __enter__(self) -> "DatabaseLease":
         return self.acquire()

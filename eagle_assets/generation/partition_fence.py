@@ -20,13 +20,11 @@ between its check and its write. No file system offers more without its own fenc
 from typing import TYPE_CHECKING, ClassVar
 
 from eagle_assets.errors import LeaseLost
-from eagle_assets.generation.database_lease import LEASE_SCHEMA, DatabaseLease
+from eagle_assets.generation.database_lease import DatabaseLease
 from eagle_assets.generation.journal import JournalError, JournalLockedError
 
 if TYPE_CHECKING:
-    from eagle_assets.generation.ledger import BudgetLedger
-
-FENCE_SCHEMA = LEASE_SCHEMA
+    from eagle_assets.generation.ledger.owners import OwnersRole
 
 
 class PartitionBusyError(JournalLockedError):
@@ -44,7 +42,7 @@ class PartitionFence(DatabaseLease):
     lost_error: ClassVar[type[Exception]] = FenceLostError
     held_phrase: ClassVar[str] = "is being written by another run"
 
-    def __init__(self, ledger: "BudgetLedger", partition: str, wait_s: float | None = None) -> None:
+    def __init__(self, ledger: "OwnersRole", partition: str, wait_s: float | None = None) -> None:
         super().__init__(ledger, partition, what=f"partition {partition}", wait_s=wait_s, wait_for_live=False)
         self.partition = partition
 

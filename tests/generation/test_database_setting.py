@@ -7,7 +7,7 @@ from eagle_assets import settings
 from eagle_assets.assets.generation import build_generated_asset
 from eagle_assets.datasets.config import DatasetSpec
 from eagle_assets.generation.ledger import BudgetLedger
-from eagle_assets.generation.ledger_db import DatabaseConfigError, redact_url
+from eagle_assets.generation.ledger.database import DatabaseConfigError, redact_url
 from eagle_assets.settings import tokenizer_dir
 from resources.duckdb.resource import DuckDBResource
 from resources.simulator.config import LatencyConfig, SimulatorConfig

@@ -19,7 +19,7 @@ from eagle_assets.corpus.merge import _LOCK_NAME as MERGE_LOCK
 from eagle_assets.corpus.merge import INDEX_NAME, MergeConfig, MergeResult, merge_corpus
 from eagle_assets.generation.database_lease import LeaseBusyError
 from eagle_assets.generation.folder_lease import exclusive, folder_lease_name
-from eagle_assets.generation.ledger_db import open_database
+from eagle_assets.generation.ledger.database import open_database
 from eagle_assets.hidden_states.layers import AuxLayers
 from eagle_assets.hidden_states.store_format import INDEX_NAME as STORE_INDEX
 from eagle_assets.hidden_states.store_format import LOCK_NAME as STORE_LOCK

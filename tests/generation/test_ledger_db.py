@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from eagle_assets.generation.ledger_db import open_database
+from eagle_assets.generation.ledger.database import open_database
 
 
 def test_reads_in_a_pipelined_transaction_wait_for_their_own_statement(fresh_pg_database):

@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from eagle_assets.generation.ledger import BudgetLedger, Settlement
-from eagle_assets.generation.ledger_db import (
+from eagle_assets.generation.ledger.database import (
     LEDGER_LOCK_KEY,
     LedgerConnectionLost,
     LedgerDatabaseUnavailable,

@@ -3,7 +3,8 @@ the longest prefix that fits. The ledger's own tests cover the decision end to e
 
 import pytest
 
-from eagle_assets.generation.ledger import Denial, ReservationRequest, _Open, _with_requests, longest_fit
+from eagle_assets.generation.ledger import Denial, ReservationRequest
+from eagle_assets.generation.ledger.reservations import _Open, _with_requests, longest_fit
 
 
 def test_longest_fit_bisects_to_the_last_prefix_that_passes():

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from eagle_assets.generation.ledger import BudgetLedger
-from eagle_assets.generation.ledger_db import SQLiteLedgerRefused, check_sqlite_location, mount_of, network_mount
+from eagle_assets.generation.ledger.database import SQLiteLedgerRefused, check_sqlite_location, mount_of, network_mount
 
 MOUNTS = """\
 /dev/vda1 / ext4 rw,relatime 0 0
