@@ -78,7 +78,7 @@ The hierarchy (``*`` marks classes defined in the modules named, not here)::
     │   ├── TokenizerIntegrityError *   eagle_assets/tokenization/tokenizer_source.py
     │   ├── ChatEncodingError *         eagle_assets/tokenization/chat_encoding.py
     │   ├── ToolDeclarationError *      eagle_assets/tokenization/tool_declaration.py
-    │   ├── SGLangResponseError *       eagle_assets/hidden_states/extract_sglang.py
+    │   ├── SGLangResponseError *       eagle_assets/hidden_states/sglang_wire.py
     │   ├── CalibrationResponseError *  eagle_assets/hidden_states/calibration_sglang.py
     │   ├── CalibrationMismatchError *  eagle_assets/hidden_states/calibration_sglang.py
     │   └── StoreError *                eagle_assets/hidden_states/store_format.py

@@ -72,8 +72,8 @@ def _progress_logger(context: dg.AssetExecutionContext, every_s: float = 10.0):
 def hidden_states(
     context: dg.AssetExecutionContext, config: FidelityCheckConfig, target: TargetModelResource
 ) -> dg.MaterializeResult:
-    from eagle_assets.hidden_states.extract_sglang import read_target_dims
     from eagle_assets.hidden_states.store_space import check_disk, estimate_store_bytes
+    from eagle_assets.target.architecture import read_target_dims
 
     key = context.partition_key
     source = shard_file(key)
@@ -120,12 +120,8 @@ def hidden_states(
         calibrate_partition(model, key, samples, out, target, fidelity)
         del model
     else:
-        from eagle_assets.hidden_states.extract_sglang import (
-            SGLangCaptureConfig,
-            capture_draft_name,
-            ensure_capture_draft,
-            extract_sglang,
-        )
+        from eagle_assets.hidden_states.capture_draft import capture_draft_name, ensure_capture_draft
+        from eagle_assets.hidden_states.extract_sglang import SGLangCaptureConfig, extract_sglang
         from eagle_assets.hidden_states.layers import resolve_aux_layers
 
         layers = resolve_aux_layers(dims.num_layers, target.layers())

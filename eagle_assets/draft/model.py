@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from eagle_assets.draft.vocab import DraftVocab
-from eagle_assets.hidden_states.layers import validate_aux_layer_ids
+from eagle_assets.target.architecture import validate_aux_layer_ids
 
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from eagle_assets.draft.model import RMSNorm
-from eagle_assets.hidden_states.store_format import LAST_KINDS
+from eagle_assets.target.architecture import LAST_KINDS, decoder_of, final_norm_of
 
 if TYPE_CHECKING:  # only a type here: transformers is imported where a model is loaded
     from transformers import PreTrainedModel
@@ -124,10 +124,8 @@ class TargetHead(nn.Module):
     @classmethod
     def from_model(cls, model: PreTrainedModel, last_kind: str = "post_norm") -> TargetHead:
         """Share the loaded model's own modules (exactly the same arithmetic as its forward)."""
-        from eagle_assets.hidden_states.extract_hf import _decoder, _final_norm
-
         head = model.get_output_embeddings()
-        norm = _final_norm(_decoder(model)) if last_kind == "pre_norm" else None
+        norm = final_norm_of(decoder_of(model)) if last_kind == "pre_norm" else None
         obj = cls(head.weight.detach(), norm=norm, last_kind=last_kind)
         obj.lm_head = head
         return obj

@@ -61,12 +61,11 @@ def _resolve(spec: str) -> Any:
 
 
 def _load_hf_target(path: str, dtype: torch.dtype, device: torch.device) -> PreTrainedModel:
-    from transformers import AutoModelForCausalLM
+    """The target's text causal LM (a vision-language wrapper's too: ``target.loader``), frozen, on ``device``."""
+    from eagle_assets.target.loader import load_target
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
-    module: torch.nn.Module = model  # transformers' @wraps(nn.Module.to) hides from mypy that its ``to`` is a method
-    module.to(device)  # in place, as every module's ``to``
-    return model.eval().requires_grad_(False)
+    model: PreTrainedModel = load_target(path, device, dtype)
+    return model.requires_grad_(False)
 
 
 def _target_path(cfg: DraftRunConfig) -> str:
@@ -99,7 +98,7 @@ def _checked_against_target(config: Eagle3Config, cfg: DraftRunConfig) -> Eagle3
     """
     if not cfg.target.path:
         return config
-    from eagle_assets.hidden_states.extract_sglang import read_target_dims
+    from eagle_assets.target.architecture import read_target_dims
 
     n = read_target_dims(cfg.target.path).num_layers
     if config.target_num_layers and config.target_num_layers != n:

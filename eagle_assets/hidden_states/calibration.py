@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from eagle_assets.hidden_states.extract_hf import _decoder, _final_norm, num_decoder_layers
 from eagle_assets.hidden_states.fidelity import (
     LAST,
     Calibration,
@@ -54,6 +53,7 @@ from eagle_assets.hidden_states.fidelity import (
 from eagle_assets.hidden_states.layers import AuxLayers
 from eagle_assets.hidden_states.samples import HiddenStateSample, input_fingerprint
 from eagle_assets.hidden_states.store_format import dtype_name
+from eagle_assets.target.architecture import decoder_of, final_norm_of, num_decoder_layers
 
 if TYPE_CHECKING:  # only a type here: transformers is imported where a model is loaded
     from transformers import PreTrainedModel
@@ -66,7 +66,7 @@ def _full_run(
     """The model's own forward on one sample: (state at the input of decoder layer j for j in 0..N-1, the last
     state as the store keeps it, the model's logits), each at ``positions`` only ([P, H], [P, H], [P, V])."""
     device = next(model.parameters()).device
-    decoder = _decoder(model)
+    decoder = decoder_of(model)
     seen: dict[str, torch.Tensor] = {}
     hook = None
     if last_kind == "pre_norm":
@@ -74,7 +74,7 @@ def _full_run(
         def grab(_m: nn.Module, args: tuple, kwargs: dict) -> None:
             seen["pre_norm"] = args[0] if args else kwargs["hidden_states"]
 
-        hook = _final_norm(decoder).register_forward_pre_hook(grab, with_kwargs=True)
+        hook = final_norm_of(decoder).register_forward_pre_hook(grab, with_kwargs=True)
     index = torch.tensor(list(positions), device=device)
     try:
         out = model(
@@ -131,7 +131,7 @@ def calibrate_shard(
     ids = torch.tensor(next_ids)
     top1, logprob = torch.cat(top1_parts), torch.cat(logprob_parts)
     weight = head.weight
-    final = _final_norm(_decoder(model)) if last_kind == "pre_norm" else None
+    final = final_norm_of(decoder_of(model)) if last_kind == "pre_norm" else None
 
     def logits_of(x: torch.Tensor) -> torch.Tensor:
         x = x.to(weight.dtype)

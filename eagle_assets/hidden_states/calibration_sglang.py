@@ -55,10 +55,11 @@ from eagle_assets.hidden_states.fidelity import (
 )
 from eagle_assets.hidden_states.layers import AuxLayers
 from eagle_assets.hidden_states.samples import HiddenStateSample, input_fingerprint
+from eagle_assets.hidden_states.sglang_wire import features_from_response
 from eagle_assets.hidden_states.store_format import dtype_name
 
 SGLANG_SOURCE = "sglang"
-Generate = Callable[..., Any]  # ``Engine.generate(**request)`` or ``SGLangHTTPClient.generate``
+Generate = Callable[..., Any]  # ``Engine.generate(**request)``
 
 
 class CalibrationResponseError(TargetError, RuntimeError):
@@ -118,12 +119,6 @@ def scored_by_engine(
     return top1, logprob
 
 
-def _last_rows(response: Mapping[str, Any], sample: HiddenStateSample, hidden_size: int) -> torch.Tensor:
-    from eagle_assets.hidden_states.extract_sglang import features_from_response
-
-    return features_from_response(response, sample, hidden_size)
-
-
 def calibrate_shard_engine(
     generate: Generate,
     samples: Sequence[HiddenStateSample],
@@ -162,7 +157,7 @@ def calibrate_shard_engine(
         logprob += lp
         next_ids += [int(samples[i].input_ids[t + 1]) for t in ts]
         groups += [i] * len(ts)
-        last_parts.append(_last_rows(answer, samples[i], hidden_size)[torch.tensor(ts)])
+        last_parts.append(features_from_response(answer, samples[i], hidden_size)[torch.tensor(ts)])
     last = torch.cat(last_parts)
     ids, top1_t, lp_t = torch.tensor(next_ids), torch.tensor(top1), torch.tensor(logprob)
     rounded_top1, own_lp = head_predictions(head, last.to(store_dtype), ids)

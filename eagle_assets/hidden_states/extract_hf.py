@@ -33,41 +33,12 @@ from eagle_assets.hidden_states.layers import AuxLayers, resolve_aux_layers
 from eagle_assets.hidden_states.pipeline import ExtractReport, Progress, ShardsInput, run_extraction
 from eagle_assets.hidden_states.samples import HiddenStateSample
 from eagle_assets.hidden_states.store_format import FEATURES, StoreMeta
+from eagle_assets.target.architecture import decoder_layers_of, decoder_of, final_norm_of, num_decoder_layers
 
 
 def pick_device() -> torch.device:
     """The GPU when there is one (features of big models on CPU are impractical), else the CPU."""
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-
-
-def _decoder(model: nn.Module) -> nn.Module:
-    get = getattr(model, "get_decoder", None)
-    dec = get() if callable(get) else None
-    if dec is None:
-        dec = getattr(model, "model", None) or getattr(model, "transformer", None)
-    if dec is None:
-        raise ValueError(f"cannot find the decoder stack of {type(model).__name__}")
-    return dec
-
-
-def _layers(decoder: nn.Module) -> nn.ModuleList:
-    for name in ("layers", "h", "blocks"):
-        mods = getattr(decoder, name, None)
-        if isinstance(mods, nn.ModuleList):
-            return mods
-    raise ValueError(f"cannot find the decoder layers of {type(decoder).__name__} (tried layers, h, blocks)")
-
-
-def _final_norm(decoder: nn.Module) -> nn.Module:
-    for name in ("norm", "ln_f", "final_layernorm", "final_layer_norm"):
-        mod = getattr(decoder, name, None)
-        if isinstance(mod, nn.Module):
-            return mod
-    raise ValueError(f"cannot find the final norm of {type(decoder).__name__}")
-
-
-def num_decoder_layers(model: nn.Module) -> int:
-    return len(_layers(_decoder(model)))
 
 
 def hidden_size_of(model: nn.Module) -> int:
@@ -95,8 +66,6 @@ class HFFeatureExtractor:
 
     ``capture="hooks"`` is the fast path; ``capture="output_hidden_states"`` asks the decoder for
     its full hidden-state tuple instead and exists to verify the hooks (same numbers).
-    ``forward_calls`` counts decoder forwards, which is how the resume test proves that finished
-    shards are not recomputed.
     """
 
     def __init__(
@@ -115,8 +84,8 @@ class HFFeatureExtractor:
         if capture == "output_hidden_states" and last_kind != "post_norm":
             raise ValueError("output_hidden_states only exposes the post-norm last hidden state; use hooks")
         self.model = model.eval()
-        self.decoder = _decoder(model)
-        self.layer_modules = _layers(self.decoder)
+        self.decoder = decoder_of(model)
+        self.layer_modules = decoder_layers_of(self.decoder)
         if layers.num_layers != len(self.layer_modules):
             raise ValueError(f"aux layers chosen for {layers.num_layers} layers, model has {len(self.layer_modules)}")
         self.layers = layers
@@ -127,12 +96,10 @@ class HFFeatureExtractor:
         cfg = getattr(model, "config", None)
         self.pad_id = int(pad_id if pad_id is not None else (getattr(cfg, "pad_token_id", None) or 0))
         self.device = next(model.parameters()).device
-        self.forward_calls = 0
 
     @torch.inference_mode()
     def forward_features(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict[str, torch.Tensor]:
         """Padded batch → ``{"aux": [B, S, n_aux*H], "last": [B, S, H]}`` on the model's device."""
-        self.forward_calls += 1
         if self.capture == "output_hidden_states":
             out = self.decoder(
                 input_ids=input_ids, attention_mask=attention_mask, use_cache=False, output_hidden_states=True
@@ -154,7 +121,9 @@ class HFFeatureExtractor:
             for i in sorted(set(self.layers.hf_indices)):
                 handles.append(self.layer_modules[i].register_forward_pre_hook(grab(i), with_kwargs=True))
             if "last" in self.features and self.last_kind == "pre_norm":
-                handles.append(_final_norm(self.decoder).register_forward_pre_hook(grab("pre_norm"), with_kwargs=True))
+                handles.append(
+                    final_norm_of(self.decoder).register_forward_pre_hook(grab("pre_norm"), with_kwargs=True)
+                )
             out = self.decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
         finally:
             for h in handles:

@@ -27,7 +27,6 @@ doc quantifies it and names the model-runner alternative (SpecForge's ``prepare_
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -37,12 +36,15 @@ from typing import Any
 
 import torch
 
-from eagle_assets.errors import ConfigError, TargetError
+from eagle_assets.errors import ConfigError
+from eagle_assets.hidden_states.capture_draft import write_capture_draft
 from eagle_assets.hidden_states.fidelity_spec import FidelityConfig
 from eagle_assets.hidden_states.layers import AuxLayers, resolve_aux_layers
 from eagle_assets.hidden_states.pipeline import BatchFn, ExtractReport, Progress, ShardsInput, run_extraction
 from eagle_assets.hidden_states.samples import HiddenStateSample
+from eagle_assets.hidden_states.sglang_wire import SGLangResponseError, build_generate_request, features_from_response
 from eagle_assets.hidden_states.store_format import FEATURES, StoreMeta
+from eagle_assets.target.architecture import read_target_dims
 
 SGLANG_INSTALL = 'pip install "sglang[all]"  (on the GPU host; eagle-forge does not depend on it)'
 ROLES = ("aux", "last")
@@ -50,10 +52,6 @@ ROLES = ("aux", "last")
 
 class SGLangUnavailableError(ConfigError, ImportError):
     """SGLang is needed for this backend and is not installed here."""
-
-
-class SGLangResponseError(TargetError, RuntimeError):
-    """An SGLang answer does not have the shape this backend relies on."""
 
 
 def import_sglang() -> Any:
@@ -66,24 +64,6 @@ def import_sglang() -> Any:
             "For targets that fit one device use eagle_assets.hidden_states.extract_hf instead."
         ) from exc
     return sglang
-
-
-# ----------------------------------------------------------------------------------------------
-# Target dimensions
-
-
-@dataclass(frozen=True)
-class TargetDims:
-    hidden_size: int
-    num_layers: int
-    vocab_size: int
-
-
-def read_target_dims(model_path: str | Path) -> TargetDims:
-    """Hidden size / layer count from ``config.json`` (Kimi K2.5 nests them in ``text_config``)."""
-    cfg = json.loads((Path(model_path) / "config.json").read_text())
-    text = cfg.get("text_config", cfg)
-    return TargetDims(int(text["hidden_size"]), int(text["num_hidden_layers"]), int(text["vocab_size"]))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -163,166 +143,6 @@ class SGLangCaptureConfig:
         return [*argv, "--host", host, "--port", str(port)]
 
 
-def capture_draft_name(model_path: str | Path, layers: AuxLayers) -> str:
-    """A folder name that changes with the target and the layers it captures (a draft for other layers would
-    make SGLang capture those instead, silently)."""
-    ids = "-".join(str(i) for i in layers.sglang_ids)
-    digest = hashlib.sha256(str(Path(model_path).resolve()).encode()).hexdigest()[:12]
-    return f"{Path(model_path).name}-{digest}-layers-{ids}"
-
-
-def ensure_capture_draft(public: str | Path, model_path: str | Path, layers: AuxLayers) -> Path:
-    """The capture draft at ``public``, written (and published whole, so a crash or a second shard writing it at
-    the same time never leaves a half-written folder) unless one for the same layers is already there."""
-    from eagle_assets.durable_files import current_version, publishing_directory
-
-    public = Path(public)
-    config = public / "config.json"
-    if current_version(public) is not None and config.is_file():
-        ids = json.loads(config.read_text()).get("eagle_config", {}).get("eagle_aux_hidden_state_layer_ids")
-        if ids == list(layers.sglang_ids):
-            return public
-    public.parent.mkdir(parents=True, exist_ok=True)
-    with publishing_directory(public) as staged:
-        write_capture_draft(staged, model_path, layers)
-    return public
-
-
-def write_capture_draft(
-    directory: str | Path,
-    model_path: str | Path,
-    layers: AuxLayers,
-    *,
-    draft_vocab_size: int = 32000,
-    num_attention_heads: int | None = None,
-    intermediate_size: int | None = None,
-    weights: bool = True,
-) -> Path:
-    """Write a zero-weight EAGLE-3 draft whose only job is to make the target capture ``layers``.
-
-    SGLang turns on aux capture in the target only in EAGLE-3 speculative mode, reading the layer
-    ids from the draft's ``eagle_config.eagle_aux_hidden_state_layer_ids`` (explicit ids, +1 inside
-    SGLang: hence ``layers.sglang_ids``). Zero weights keep the draft's outputs finite and its
-    proposals irrelevant: with ``max_new_tokens=1`` the answer comes from the target's prefill.
-    Any trained EAGLE-3 draft of the target with the same layer ids works as well. Its ``config.json`` is
-    the exporter's (``draft/export.py``), so a key both engines read is written in one place only.
-    """
-    from eagle_assets.draft.export import export_config
-    from eagle_assets.draft.model import Eagle3Config
-
-    dims = read_target_dims(model_path)
-    h = dims.hidden_size
-    heads = num_attention_heads or max(1, h // 128)
-    head_dim = h // heads
-    inter = intermediate_size or h  # any size works for a zero-weight draft; small keeps it ~1.8 GB at H=7168
-    out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
-    shape = Eagle3Config(
-        hidden_size=h,
-        intermediate_size=inter,
-        num_heads=heads,
-        num_kv_heads=heads,
-        head_dim=head_dim,
-        target_vocab_size=dims.vocab_size,
-        draft_vocab_size=draft_vocab_size,
-        aux_layer_ids=layers.hf_indices,
-        target_hidden_size=h,
-        rms_norm_eps=1e-6,
-        rope_theta=50000.0,
-        max_position=262144,
-        target_num_layers=layers.num_layers,
-    )
-    config = export_config(shape, dtype=torch.bfloat16)
-    config["eagle_forge"].update(purpose="capture-only placeholder draft (zero weights)", layers=layers.to_dict())
-    (out / "config.json").write_text(json.dumps(config, indent=2))
-    if weights:
-        from safetensors.torch import save_file
-
-        bf = torch.bfloat16
-        n = layers.n_aux
-        tensors = {
-            "fc.weight": torch.zeros(h, n * h, dtype=bf),
-            "midlayer.hidden_norm.weight": torch.ones(h, dtype=bf),
-            "midlayer.input_layernorm.weight": torch.ones(h, dtype=bf),
-            "midlayer.post_attention_layernorm.weight": torch.ones(h, dtype=bf),
-            "midlayer.self_attn.q_proj.weight": torch.zeros(heads * head_dim, 2 * h, dtype=bf),
-            "midlayer.self_attn.k_proj.weight": torch.zeros(heads * head_dim, 2 * h, dtype=bf),
-            "midlayer.self_attn.v_proj.weight": torch.zeros(heads * head_dim, 2 * h, dtype=bf),
-            "midlayer.self_attn.o_proj.weight": torch.zeros(h, heads * head_dim, dtype=bf),
-            "midlayer.mlp.gate_proj.weight": torch.zeros(inter, h, dtype=bf),
-            "midlayer.mlp.up_proj.weight": torch.zeros(inter, h, dtype=bf),
-            "midlayer.mlp.down_proj.weight": torch.zeros(h, inter, dtype=bf),
-            "norm.weight": torch.ones(h, dtype=bf),
-            "lm_head.weight": torch.zeros(draft_vocab_size, h, dtype=bf),
-            "d2t": torch.zeros(draft_vocab_size, dtype=torch.int64),
-            "t2d": torch.cat(
-                [
-                    torch.ones(draft_vocab_size, dtype=torch.bool),
-                    torch.zeros(dims.vocab_size - draft_vocab_size, dtype=torch.bool),
-                ]
-            ),
-        }
-        save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    # safetensors writes 0600 whatever the umask; the SGLang server may run as another user.
-    for f in out.iterdir():
-        f.chmod(0o644)
-    return out
-
-
-# ----------------------------------------------------------------------------------------------
-# Requests and responses
-
-
-def build_generate_request(batch: Sequence[HiddenStateSample]) -> dict[str, Any]:
-    """Arguments of one ``Engine.generate`` call (also the ``/generate`` JSON body) for a batch.
-
-    One new token, greedy: the answer we want is the prefill's hidden states; ``max_new_tokens=1``
-    avoids relying on prefill-only support (``0``), which differs across SGLang versions.
-    """
-    return {
-        "input_ids": [list(map(int, s.input_ids)) for s in batch],
-        "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
-        "return_hidden_states": True,
-    }
-
-
-def features_from_response(response: Mapping[str, Any], sample: HiddenStateSample, width: int) -> torch.Tensor:
-    """The prompt-token rows [L, width] of one ``generate`` answer, checked against the request.
-
-    ``meta_info["hidden_states"][0]`` holds the prefill rows (nested lists of floats, or a tensor /
-    array); later elements, if any, belong to generated tokens and are ignored.
-    """
-    meta = response.get("meta_info")
-    if not isinstance(meta, Mapping) or "hidden_states" not in meta:
-        raise SGLangResponseError(
-            "response has no meta_info.hidden_states: start the engine with enable_return_hidden_states=True "
-            "and send return_hidden_states=True"
-        )
-    hs = meta["hidden_states"]
-    if hs is None or len(hs) == 0:
-        raise SGLangResponseError("meta_info.hidden_states is empty")
-    rows = torch.as_tensor(hs[0], dtype=torch.float32)
-    if rows.ndim == 1:
-        rows = rows[None, :]
-    n = len(sample)
-    prompt_tokens = meta.get("prompt_tokens")
-    if prompt_tokens is not None and int(prompt_tokens) != n:
-        raise SGLangResponseError(f"sample {sample.sample_id}: engine saw {prompt_tokens} prompt tokens, we sent {n}")
-    if rows.shape[0] != n:
-        raise SGLangResponseError(
-            f"sample {sample.sample_id}: {rows.shape[0]} hidden-state rows for {n} prompt tokens "
-            "(prefix cache on? chunked prefill shorter than the prompt? see SGLangCaptureConfig)"
-        )
-    if rows.shape[1] != width:
-        raise SGLangResponseError(
-            f"sample {sample.sample_id}: rows are {rows.shape[1]} wide, expected {width} "
-            "(aux pass without aux capture returns H; last pass with aux capture returns n_aux*H)"
-        )
-    if not torch.isfinite(rows).all():
-        raise SGLangResponseError(f"sample {sample.sample_id}: non-finite hidden states")
-    return rows
-
-
 class SGLangEngineClient:
     """A ``BatchFn`` for one role over an in-process ``sglang.Engine`` (started on first use).
 
@@ -345,7 +165,6 @@ class SGLangEngineClient:
         self.width = config.layers.n_aux * hidden_size if role == "aux" else hidden_size
         self.out_dtype = out_dtype
         self._engine = engine
-        self.requests = 0
 
     @property
     def engine(self) -> Any:
@@ -357,7 +176,6 @@ class SGLangEngineClient:
     def __call__(self, batch: Sequence[HiddenStateSample]) -> list[dict[str, torch.Tensor]]:
         req = build_generate_request(batch)
         answers = self.engine.generate(**req)
-        self.requests += 1
         if isinstance(answers, Mapping):
             answers = [answers]
         if len(answers) != len(batch):
@@ -370,30 +188,6 @@ class SGLangEngineClient:
     def close(self) -> None:
         if self._engine is not None and hasattr(self._engine, "shutdown"):
             self._engine.shutdown()
-        self._engine = None
-
-
-class SGLangHTTPClient(SGLangEngineClient):
-    """Same, against a running ``sglang.launch_server`` (started with ``config.server_argv(role)``).
-
-    A separate server survives a crash of the extraction process, so a resume does not pay the
-    engine start (minutes for Kimi K2.5) again.
-    """
-
-    def __init__(self, config: SGLangCaptureConfig, role: str, *, hidden_size: int, url: str, timeout: float = 3600.0):
-        super().__init__(config, role, hidden_size=hidden_size, engine=self)
-        self.url = url.rstrip("/")
-        self.timeout = timeout
-
-    def generate(self, **request: Any) -> list[dict[str, Any]]:
-        import httpx
-
-        r = httpx.post(f"{self.url}/generate", json=request, timeout=self.timeout)
-        r.raise_for_status()
-        out = r.json()
-        return out if isinstance(out, list) else [out]
-
-    def close(self) -> None:
         self._engine = None
 
 

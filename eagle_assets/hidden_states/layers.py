@@ -31,6 +31,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from eagle_assets.target.architecture import validate_aux_layer_ids
+
 CONVENTION = "hf_output_hidden_states_index"
 
 
@@ -39,30 +41,6 @@ def default_hf_indices(num_layers: int) -> tuple[int, int, int]:
     if num_layers < 4:
         raise ValueError(f"EAGLE-3 default layers need at least 4 decoder layers, got {num_layers}")
     return (2, num_layers // 2, num_layers - 3)
-
-
-def validate_aux_layer_ids(ids: Iterable[int], num_layers: int | None) -> tuple[int, ...]:
-    """The HF indices as a tuple, or a ValueError that names what is wrong with them.
-
-    Strictly increasing (low → high, each layer once: a repeated layer is a feature the draft never gets), and
-    each in ``1 .. N-1``: index 0 is the embedding output (SGLang would need id -1) and index N is after the final
-    norm (see the module docstring). ``num_layers`` None (a draft config that does not know its target): only
-    ``>= 1`` is checked.
-    """
-    idx = tuple(int(i) for i in ids)
-    if not idx:
-        raise ValueError("at least one aux layer is needed")
-    convention = "HF output_hidden_states indices: i = input of decoder layer i"
-    top = "N-1" if num_layers is None else str(num_layers - 1)
-    for i in idx:
-        if i < 1 or (num_layers is not None and i > num_layers - 1):
-            where = "" if num_layers is None else f" of a {num_layers}-layer target"
-            raise ValueError(f"aux layer index {i} outside 1..{top}{where} in {list(idx)} ({convention})")
-    if list(idx) != sorted(idx):
-        raise ValueError(f"aux layers must be ordered low → high, got {list(idx)} ({convention})")
-    if len(set(idx)) != len(idx):
-        raise ValueError(f"aux layers must differ (each layer once), got {list(idx)}: a repeated layer adds no feature")
-    return idx
 
 
 @dataclass(frozen=True)

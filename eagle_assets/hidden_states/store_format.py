@@ -32,13 +32,13 @@ import torch
 
 from eagle_assets.errors import TargetError
 from eagle_assets.hidden_states.layers import AuxLayers
+from eagle_assets.target.architecture import LAST_KINDS
 
 FORMAT = "eagle-forge-hidden-states"
 FORMAT_VERSION = 1
 INDEX_NAME = "index.json"
 LOCK_NAME = ".index.lock"
 FEATURES = ("aux", "last")
-LAST_KINDS = ("post_norm", "pre_norm")
 GiB = 1024**3
 
 _DTYPE_NAMES: dict[str, torch.dtype] = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}

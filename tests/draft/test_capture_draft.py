@@ -3,7 +3,7 @@
 import json
 
 from eagle_assets.draft.export import config_from_export, export_config
-from eagle_assets.hidden_states.extract_sglang import write_capture_draft
+from eagle_assets.hidden_states.capture_draft import write_capture_draft
 from eagle_assets.hidden_states.layers import AuxLayers
 
 

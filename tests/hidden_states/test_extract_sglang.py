@@ -14,23 +14,19 @@ import torch
 from safetensors import safe_open
 
 from eagle_assets.durable_files import current_version
+from eagle_assets.hidden_states.capture_draft import capture_draft_name, ensure_capture_draft, write_capture_draft
 from eagle_assets.hidden_states.extract_hf import extract_hf
 from eagle_assets.hidden_states.extract_sglang import (
     SGLangCaptureConfig,
     SGLangEngineClient,
-    SGLangResponseError,
     SGLangUnavailableError,
-    build_generate_request,
-    capture_draft_name,
-    ensure_capture_draft,
     extract_sglang,
-    features_from_response,
-    read_target_dims,
-    write_capture_draft,
 )
 from eagle_assets.hidden_states.layers import AuxLayers
 from eagle_assets.hidden_states.samples import HiddenStateSample
+from eagle_assets.hidden_states.sglang_wire import SGLangResponseError, build_generate_request, features_from_response
 from eagle_assets.hidden_states.store import HiddenStateStore
+from eagle_assets.target.architecture import read_target_dims
 from tests.hidden_states.sglang_standin import FakeSGLangEngine
 
 F32 = torch.float32

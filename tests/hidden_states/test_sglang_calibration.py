@@ -18,12 +18,8 @@ from eagle_assets.hidden_states.calibration_sglang import (
     build_calibration_request,
     scored_by_engine,
 )
-from eagle_assets.hidden_states.extract_sglang import (
-    SGLangCaptureConfig,
-    SGLangEngineClient,
-    extract_sglang,
-    write_capture_draft,
-)
+from eagle_assets.hidden_states.capture_draft import write_capture_draft
+from eagle_assets.hidden_states.extract_sglang import SGLangCaptureConfig, SGLangEngineClient, extract_sglang
 from eagle_assets.hidden_states.fidelity import FidelityConfig, read_calibration, write_calibration
 from eagle_assets.hidden_states.fidelity_checks import (
     ALIGNMENT,
