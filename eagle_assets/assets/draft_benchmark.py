@@ -106,7 +106,7 @@ def run_inprocess(
     from eagle_assets.draft.model import Eagle3Draft
     from eagle_assets.draft.speculative import evaluate_acceptance
     from eagle_assets.plots import grouped_bars_md
-    from eagle_assets.target.tiny import load_target
+    from eagle_assets.target.loader import load_target
 
     spec = config.speculative()
     try:

@@ -142,19 +142,14 @@ def target_logits(last: torch.Tensor, head: TargetHead) -> torch.Tensor:
 
 
 def load_checkpoint_tensor(path: str | Path, suffixes: Sequence[str]) -> torch.Tensor | None:
-    """First tensor whose name equals or ends with one of ``suffixes`` in a local safetensors checkpoint."""
-    from safetensors import safe_open
+    """First tensor whose name equals or ends with one of ``suffixes`` in a local safetensors checkpoint.
 
-    files = sorted(Path(path).glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no safetensors files in {path}")
-    for suffix in suffixes:
-        for f in files:
-            with safe_open(str(f), framework="pt") as handle:
-                for key in sorted(handle.keys(), key=len):
-                    if key == suffix or key.endswith("." + suffix):
-                        return handle.get_tensor(key)
-    return None
+    Through ``model.safetensors.index.json`` when there is one, opening only the shard that holds it
+    (``eagle_assets.target.checkpoint_tensors``).
+    """
+    from eagle_assets.target.checkpoint_tensors import checkpoint_tensor
+
+    return checkpoint_tensor(path, suffixes)
 
 
 def load_target_embeddings(path: str | Path) -> torch.Tensor:

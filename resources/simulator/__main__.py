@@ -28,6 +28,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="build the tiny target with seed N (idempotent) at --tiny-target, or at its default place, and use it",
     )
+    p.add_argument(
+        "--tiny-target-kind",
+        default="llama-tiny",
+        choices=["llama-tiny", "kimi-k25-tiny"],
+        help="which tiny target --tiny-target-seed builds (eagle_assets.target.tiny_targets)",
+    )
     p.add_argument("--torch-threads", type=int, default=1, help="intra-op threads of the tiny target's forwards")
     p.add_argument("--no-uvloop", action="store_true")
     return p
@@ -37,13 +43,12 @@ def config_from_args(argv: Sequence[str] | None = None) -> SimulatorConfig:
     return config_from_namespace(build_parser().parse_args(argv))
 
 
-def _tiny_target_dir(given: Path | None, seed: int | None) -> Path | None:
+def _tiny_target_dir(given: Path | None, seed: int | None, kind: str = "llama-tiny") -> Path | None:
     if seed is None:
         return given
-    from eagle_assets.layout import tiny_target_dir
-    from eagle_assets.target.tiny import build_tiny_target  # imports torch
+    from eagle_assets.target.tiny_targets import build_named_tiny_target, tiny_target_path  # builders import torch
 
-    return build_tiny_target(given or tiny_target_dir(seed), seed)
+    return build_named_tiny_target(kind, given or tiny_target_path(kind, seed), seed)
 
 
 def config_from_namespace(args: argparse.Namespace) -> SimulatorConfig:
@@ -55,7 +60,9 @@ def config_from_namespace(args: argparse.Namespace) -> SimulatorConfig:
     except ValueError as exc:  # a fault or latency setting its class refuses
         raise SystemExit(str(exc)) from None
     if args.tiny_target_seed is not None:
-        settings["tiny_target_dir"] = _tiny_target_dir(settings.get("tiny_target_dir"), args.tiny_target_seed)
+        settings["tiny_target_dir"] = _tiny_target_dir(
+            settings.get("tiny_target_dir"), args.tiny_target_seed, args.tiny_target_kind
+        )
     return SimulatorConfig(**settings)
 
 

@@ -40,7 +40,8 @@ from typing import Any
 
 import torch
 
-from eagle_assets.target.tiny import KIMI_PAD_ID, load_target
+from eagle_assets.target.loader import load_target
+from eagle_assets.target.tiny import KIMI_PAD_ID
 from eagle_assets.tokenization.chat_encoding import DataSpecials, configured_data_specials
 from eagle_assets.tokenization.kimi_tokenizer import KimiTokenizer
 from eagle_assets.tokenization.reconstruction import IM_END, THINK_END

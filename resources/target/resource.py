@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Literal
 import dagster as dg
 from pydantic import Field
 
+from eagle_assets.target.tiny_targets import DEFAULT_TINY_TARGET, TinyTargetName, tiny_target_model_id
+
 if TYPE_CHECKING:  # torch and transformers load only in the steps that run the model
     import torch
 
@@ -20,6 +22,10 @@ class TargetModelResource(dg.ConfigurableResource):
 
     path: str = Field(
         default="", description="local HF checkpoint; empty: the tiny Kimi-vocabulary target built locally"
+    )
+    tiny_target: TinyTargetName = Field(
+        default=DEFAULT_TINY_TARGET,
+        description="which tiny target (when path is empty): llama-tiny (fastest) or kimi-k25-tiny (the real shape)",
     )
     tiny_seed: int = Field(default=0, description="seed of the tiny target (when path is empty)")
     backend: Literal["hf", "sglang"] = Field(default="hf", description="hf: transformers in-process; sglang: TP engine")
@@ -41,15 +47,15 @@ class TargetModelResource(dg.ConfigurableResource):
             if not (path / "config.json").is_file():
                 raise FileNotFoundError(f"target model path {path} has no config.json (a local HF checkpoint)")
             return path
-        from eagle_assets.layout import tiny_target_dir
-        from eagle_assets.target.tiny import build_tiny_target
+        from eagle_assets.target.tiny_targets import build_named_tiny_target, tiny_target_path
 
-        return build_tiny_target(tiny_target_dir(self.tiny_seed), self.tiny_seed)
+        where = tiny_target_path(self.tiny_target, self.tiny_seed)
+        return build_named_tiny_target(self.tiny_target, where, self.tiny_seed)
 
     def model_id(self) -> str:
-        from eagle_assets.target.tiny import tiny_model_id
-
-        return str(Path(self.path).expanduser()) if self.path else tiny_model_id(self.tiny_seed)
+        if self.path:
+            return str(Path(self.path).expanduser())
+        return tiny_target_model_id(self.tiny_target, self.tiny_seed)
 
     def dtype(self) -> "torch.dtype":
         import torch
