@@ -49,7 +49,7 @@ sys.path.insert(0, str(REPO))
 
 from eagle_assets.generation.admission import AdmissionPolicy  # noqa: E402
 from eagle_assets.generation.ledger import BudgetLedger  # noqa: E402
-from eagle_assets.settings import tokenizer_dir  # noqa: E402
+from eagle_assets.tokenization.tokenizer_source import resolve_tokenizer_dir  # noqa: E402
 from resources.simulator.config import LatencyConfig, SimulatorConfig  # noqa: E402
 from resources.simulator.control import SimulatorProcess, spawn_simulator_process  # noqa: E402
 
@@ -111,7 +111,7 @@ def run_phase(
             mean_completion_tokens=scaled["mean_tokens"],
             credits=1e6,
             seed=a.seed,
-            tokenizer_dir=tokenizer_dir(),
+            tokenizer_dir=resolve_tokenizer_dir(),
             backlog=8192,
         )
     )

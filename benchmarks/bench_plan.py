@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO))
 
 from eagle_assets.datasets.samples import BUILDERS, sample_rows  # noqa: E402
 from eagle_assets.generation.ledger import BudgetLedger  # noqa: E402
-from eagle_assets.settings import tokenizer_dir  # noqa: E402
+from eagle_assets.tokenization.tokenizer_source import resolve_tokenizer_dir  # noqa: E402
 from resources.simulator.config import LatencyConfig, SimulatorConfig  # noqa: E402
 from resources.simulator.control import spawn_simulator_process  # noqa: E402
 
@@ -82,7 +82,7 @@ def main() -> None:
             latency=LatencyConfig.fixed(a.latency),
             mean_completion_tokens=a.mean_tokens,
             credits=1e6,
-            tokenizer_dir=tokenizer_dir(),
+            tokenizer_dir=resolve_tokenizer_dir(),
             backlog=8192,
         )
     )

@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO))
 from eagle_assets.generation.journal import scan  # noqa: E402
 from eagle_assets.generation.ledger import BudgetLedger  # noqa: E402
 from eagle_assets.generation.settlement import SettlementSchedule, settle_pending  # noqa: E402
-from eagle_assets.settings import tokenizer_dir  # noqa: E402
+from eagle_assets.tokenization.tokenizer_source import resolve_tokenizer_dir  # noqa: E402
 from resources.openrouter.client import OpenRouterClient  # noqa: E402
 from resources.openrouter.secret import ApiKey  # noqa: E402
 from resources.simulator.config import LatencyConfig, SimulatorConfig  # noqa: E402
@@ -156,7 +156,7 @@ def run_soak(cfg: SoakConfig, work: Path, log=print) -> dict[str, Any]:
             faults=FaultConfig(**cfg.faults),
             state_file=work / "sim-state.json",
             mean_completion_tokens=120,
-            tokenizer_dir=tokenizer_dir(),
+            tokenizer_dir=resolve_tokenizer_dir(),
             generation_404_ms=cfg.generation_window_s * 1000.0,
         )
     )

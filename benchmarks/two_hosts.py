@@ -43,7 +43,7 @@ sys.path.insert(0, str(REPO))
 
 from eagle_assets.generation.journal import scan  # noqa: E402
 from eagle_assets.generation.ledger import BudgetLedger  # noqa: E402
-from eagle_assets.settings import tokenizer_dir  # noqa: E402
+from eagle_assets.tokenization.tokenizer_source import resolve_tokenizer_dir  # noqa: E402
 from resources.postgres.local_server import LocalPostgres, start_local_postgres  # noqa: E402
 from resources.simulator.config import LatencyConfig, SimulatorConfig  # noqa: E402
 from resources.simulator.control import SimulatorProcess, spawn_simulator_process  # noqa: E402
@@ -290,7 +290,7 @@ def _run_two_hosts(cfg: TwoHostConfig, work: Path, pg: LocalPostgres, log: Calla
             mean_completion_tokens=cfg.mean_tokens,
             credits=1e6,
             seed=cfg.seed,
-            tokenizer_dir=tokenizer_dir(),
+            tokenizer_dir=resolve_tokenizer_dir(),
             backlog=8192,
         )
     )

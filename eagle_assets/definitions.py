@@ -22,6 +22,7 @@ from eagle_assets.assets.tokens import build_tokenized_asset
 from eagle_assets.benchmarks.reference import reference_benchmark_config
 from eagle_assets.datasets.config import load_datasets
 from eagle_assets.k8s_placement import executor_from_env
+from eagle_assets.settings import check_environment
 from resources.duckdb.resource import DuckDBResource
 from resources.openrouter.configured import openrouter_from_env
 from resources.serving.resource import ServingEngineResource, serving_from_env
@@ -29,6 +30,7 @@ from resources.target.resource import TargetModelResource
 from sensors.credits_sensor import build_credits_sensor
 from sensors.training_sensor import build_training_sensor
 
+check_environment()  # an EAGLE_FORGE_* name that is no setting (a typo) fails the load instead of being ignored
 DATASETS = load_datasets()
 GENERATED = [build_generated_asset(spec) for spec in DATASETS.values()]
 TOKENIZED = [

@@ -19,6 +19,7 @@ import dagster as dg
 from eagle_assets import layout
 from eagle_assets.errors import Systemic
 from eagle_assets.instance import configure_pools, ensure_dagster_home
+from eagle_assets.settings import EnvSettingError, check_environment
 
 # The demo prints one line per step and each failure's cause itself; Dagster's own console would repeat
 # every traceback. The run logs (with tracebacks) stay in the instance for `dagster dev`.
@@ -99,6 +100,11 @@ class Demo:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        check_environment()  # a typo'd EAGLE_FORGE_* name, or a malformed value, stops the demo before it starts
+    except EnvSettingError as e:
+        print(f"eagle-forge: {e}", file=sys.stderr)
+        return 2
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--datasets", nargs="*", help="only these datasets (default: all)")
     parser.add_argument("--stop-after", choices=["generation", "corpus", "hidden_states", "draft"], default=None)

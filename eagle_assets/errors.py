@@ -30,7 +30,7 @@ The hierarchy (``*`` marks classes defined in the modules named, not here)::
     │   ├── AccountSettingsConflict *   eagle_assets/generation/ledger/account.py
     │   ├── ServingConfigError *        resources/serving/resource.py
     │   ├── MissingApiKeyError *        resources/openrouter/secret.py
-    │   ├── TargetConfigError *         resources/openrouter/configured.py
+    │   ├── EnvSettingError *           eagle_assets/settings.py
     │   ├── SettingsError *             resources/serving/commands.py
     │   └── SGLangUnavailableError *    eagle_assets/hidden_states/extract_sglang.py
     ├── DataError                       the input data cannot be used as it is
@@ -62,7 +62,6 @@ The hierarchy (``*`` marks classes defined in the modules named, not here)::
     │   ├── ConfigError                 (see above: every setting error)
     │   ├── TokenizerFilesError         (see below)
     │   ├── TokenizerIntegrityError     (see below)
-    │   ├── TargetLoadError             (see below)
     │   ├── OpenRouterHTTPError         (see below)
     │   ├── NoAllowedProviderError      (see below)
     │   ├── EmbeddedSimulatorError      (see below)
@@ -78,7 +77,6 @@ The hierarchy (``*`` marks classes defined in the modules named, not here)::
     │   ├── TokenizerFilesError *       eagle_assets/tokenization/tokenizer_source.py
     │   ├── TokenizerIntegrityError *   eagle_assets/tokenization/tokenizer_source.py
     │   ├── ChatEncodingError *         eagle_assets/tokenization/chat_encoding.py
-    │   ├── TargetLoadError *           eagle_assets/target/loader.py (also Systemic)
     │   ├── ToolDeclarationError *      eagle_assets/tokenization/tool_declaration.py
     │   ├── SGLangResponseError *       eagle_assets/hidden_states/sglang_wire.py
     │   ├── CalibrationResponseError *  eagle_assets/hidden_states/calibration_sglang.py

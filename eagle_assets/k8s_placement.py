@@ -12,33 +12,16 @@ Elsewhere the tags are inert: the default multiprocess executor never reads them
 come from the environment so one image serves any cluster.
 """
 
-import os
 from typing import Any
 
 from eagle_assets.keys import K8S_CONFIG_TAG
-
-DEFAULT_GPUS = 8
-DEFAULT_GPU_NODE_SELECTOR = {"nvidia.com/gpu.present": "true"}  # set by NVIDIA's GPU feature discovery
-DEFAULT_CPU_NODE_SELECTOR = {"eagle-forge/node-pool": "cpu"}
-
-
-def _selector(env: str, default: dict[str, str]) -> dict[str, str]:
-    """``key=value[,key=value]`` from the environment, else the default."""
-    raw = os.environ.get(env, "").strip()
-    if not raw:
-        return dict(default)
-    out = {}
-    for pair in raw.split(","):
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"{env} must be key=value[,key=value], got {raw!r}")
-        out[key.strip()] = value.strip()
-    return out
+from eagle_assets.settings import current_settings
 
 
 def gpu_step_tags() -> dict[str, Any]:
     """Op tags for a step that needs the target's GPUs (``EAGLE_FORGE_K8S_GPUS``, ``…_GPU_NODE_SELECTOR``)."""
-    gpus = str(int(os.environ.get("EAGLE_FORGE_K8S_GPUS", DEFAULT_GPUS)))
+    settings = current_settings()
+    gpus = str(settings.k8s_gpus)
     return {
         K8S_CONFIG_TAG: {
             "container_config": {
@@ -48,7 +31,7 @@ def gpu_step_tags() -> dict[str, Any]:
                 },
             },
             "pod_spec_config": {
-                "node_selector": _selector("EAGLE_FORGE_K8S_GPU_NODE_SELECTOR", DEFAULT_GPU_NODE_SELECTOR),
+                "node_selector": dict(settings.k8s_gpu_node_selector),
                 "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
             },
         }
@@ -60,20 +43,15 @@ def cpu_step_tags() -> dict[str, Any]:
     return {
         K8S_CONFIG_TAG: {
             "container_config": {"resources": {"requests": {"cpu": "2", "memory": "8Gi"}}},
-            "pod_spec_config": {
-                "node_selector": _selector("EAGLE_FORGE_K8S_CPU_NODE_SELECTOR", DEFAULT_CPU_NODE_SELECTOR)
-            },
+            "pod_spec_config": {"node_selector": dict(current_settings().k8s_cpu_node_selector)},
         }
     }
 
 
 def executor_from_env() -> Any:
     """``EAGLE_FORGE_EXECUTOR=k8s``: a pod per step (dagster-k8s); unset: Dagster's default executor."""
-    choice = os.environ.get("EAGLE_FORGE_EXECUTOR", "").strip().lower()
-    if choice in ("", "default", "multiprocess"):
+    if current_settings().executor != "k8s":
         return None
-    if choice == "k8s":
-        from dagster_k8s import k8s_job_executor
+    from dagster_k8s import k8s_job_executor
 
-        return k8s_job_executor
-    raise ValueError(f"EAGLE_FORGE_EXECUTOR must be 'k8s' or unset, got {choice!r}")
+    return k8s_job_executor

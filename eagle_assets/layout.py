@@ -1,8 +1,8 @@
-"""Where everything lives under the eagle-forge home (``EAGLE_FORGE_HOME``, read by ``settings.forge_home``).
+"""Where everything lives under the eagle-forge home (``EAGLE_FORGE_HOME``, read by ``settings``).
 
 One home for the paths, so that a step finds what another wrote (a tokenized partition, a corpus shard, a
 hidden-state store, the published draft) without importing the module that wrote it. Every function takes
-the home as ``home`` (default: ``settings.forge_home()`` now) and what names the file: a dataset and shard,
+the home as ``home`` (default: the configured home now) and what names the file: a dataset and shard,
 a corpus shard's partition key. The files a component keeps inside its own folder (a store's index, a
 training run's checkpoints, the simulator's pid file) are that component's business, named where it writes
 them::
@@ -28,12 +28,12 @@ renamed into place, and a rename stays on one file system, so they live beside w
 
 from pathlib import Path
 
-from eagle_assets import settings
+from eagle_assets.settings import current_settings
 
 
 def root(home: Path | None = None) -> Path:
     """``home`` if given, else the configured eagle-forge home."""
-    return settings.forge_home() if home is None else home
+    return current_settings().forge_home() if home is None else home
 
 
 # --- inputs --------------------------------------------------------------------------------------------------------
@@ -147,8 +147,13 @@ def state_dir(*, home: Path | None = None) -> Path:
 
 
 def ledger_path(*, home: Path | None = None) -> Path:
-    """The budget ledger's SQLite file (when no database URL is set: ``settings.ledger_location``)."""
+    """The budget ledger's SQLite file (when no database URL is set: ``ledger_location``)."""
     return state_dir(home=home) / "ledger.sqlite"
+
+
+def ledger_location() -> str | Path:
+    """Where the budget ledger lives: ``EAGLE_FORGE_DATABASE_URL`` if set, else the SQLite file in the home."""
+    return current_settings().database_url or ledger_path()
 
 
 def plan_path(*, home: Path | None = None) -> Path:
@@ -172,7 +177,7 @@ def tiny_target_dir(seed: int = 0, *, home: Path | None = None) -> Path:
 def scratch_root(*, home: Path | None = None) -> Path:
     """This host's scratch: ``EAGLE_FORGE_SCRATCH`` when set (a local path, outside the shared home), else the
     home itself, as on one machine."""
-    return settings.scratch_dir() or root(home)
+    return current_settings().scratch or root(home)
 
 
 def simulator_dir(*, home: Path | None = None) -> Path:

@@ -65,7 +65,7 @@ def test_the_systemic_names_come_from_the_tree():
     # marked one by one, and every setting error through ConfigError
     for name in ("TokenizerFilesError", "NoAllowedProviderError", "EmbeddedSimulatorError", "OpenRouterHTTPError"):
         assert name in names
-    for name in ("TargetConfigError", "MissingApiKeyError", "DatasetConfigError", "BudgetModeError"):
+    for name in ("EnvSettingError", "MissingApiKeyError", "DatasetConfigError", "BudgetModeError"):
         assert name in names
     assert names >= SYSTEMIC_FOREIGN
     # a refusal about this run's plan, a lost lease, an error of one prompt: not systemic

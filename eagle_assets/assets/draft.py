@@ -17,7 +17,6 @@ from pathlib import Path
 import dagster as dg
 from pydantic import Field
 
-from eagle_assets import settings
 from eagle_assets.assets.draft_benchmark import BenchmarkConfig
 from eagle_assets.assets.failures import fail, project_errors_fail
 from eagle_assets.assets.hidden_state_checks import fidelity_failures
@@ -36,6 +35,7 @@ from eagle_assets.durable_files import publishing_directory
 from eagle_assets.k8s_placement import gpu_step_tags
 from eagle_assets.keys import BENCHMARK_KEY, DRAFT_GROUP, DRAFT_KEY, DRAFT_TAGS, GPU_POOL, HIDDEN_STATES_KEY
 from eagle_assets.layout import draft_runs_dir, hidden_states_root, latest_export_dir
+from eagle_assets.settings import REPO_ROOT
 from eagle_assets.shard_partitions import train_partitions
 from resources.serving.resource import ServingEngineResource
 from resources.target.resource import TargetModelResource
@@ -187,7 +187,7 @@ def draft_model(
     nproc = config.nproc_per_node or max(1, torch.cuda.device_count())
     context.log.info(f"training in {out} on {nproc} process(es): {len(store)} samples, {store.n_tokens} tokens")
     completed = pipes_subprocess_client.run(
-        command=training_command(out / "run.json", nproc), context=context, cwd=str(settings.REPO_ROOT)
+        command=training_command(out / "run.json", nproc), context=context, cwd=str(REPO_ROOT)
     )
     latest = latest_export_dir()
     publish_export(out / "export", latest)

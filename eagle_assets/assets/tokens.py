@@ -2,7 +2,6 @@
 
 import dagster as dg
 
-from eagle_assets import settings
 from eagle_assets.assets.checks import TOKENIZED_CHECKS, check_results, check_specs, length_metadata
 from eagle_assets.assets.failures import fail
 from eagle_assets.corpus.tokenize_partition import tokenize_generated
@@ -14,6 +13,7 @@ from eagle_assets.k8s_placement import cpu_step_tags
 from eagle_assets.keys import TOKENS_GROUP, generated_asset_key, stage_tags, tokenized_asset_key
 from eagle_assets.layout import generated_path, tokenized_path
 from eagle_assets.tokenization.kimi_tokenizer import load_kimi_tokenizer
+from eagle_assets.tokenization.tokenizer_source import resolve_tokenizer_dir
 from resources.duckdb.resource import DuckDBResource
 
 
@@ -40,7 +40,7 @@ def build_tokenized_asset(spec: DatasetSpec, partitions_def: dg.PartitionsDefini
             generated,
             spec.name,
             shard,
-            load_kimi_tokenizer(settings.tokenizer_dir()),
+            load_kimi_tokenizer(resolve_tokenizer_dir()),
             native_counts=read_native_counts(spec.name, shard),
         )
         out = tokenized_path(spec.name, shard)

@@ -7,7 +7,6 @@ the wrong data).
 """
 
 import logging
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +23,7 @@ from eagle_assets.datasets.sampling import ORDERS, RowOrder, shard_count
 from eagle_assets.datasets.sources import ResolvedSource, SourceSpec, cached_row_count, resolve_source
 from eagle_assets.errors import ConfigError
 from eagle_assets.layout import dataset_cache_dir, samples_dir
+from eagle_assets.settings import current_settings
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "datasets.yaml"
 NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,31}$")
@@ -118,7 +118,7 @@ class DatasetSpec:
 
 
 def config_path() -> Path:
-    return Path(os.environ.get("EAGLE_FORGE_DATASETS") or DEFAULT_CONFIG)
+    return current_settings().datasets or DEFAULT_CONFIG
 
 
 def _positive_int(value: Any, where: str, allow_zero: bool = False) -> int:

@@ -11,16 +11,17 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from eagle_assets import layout, settings
+from eagle_assets import layout
 from eagle_assets.durable_files import directory_lock
 from eagle_assets.generation.database_lease import DatabaseLease
 from eagle_assets.generation.ledger import BudgetLedger
+from eagle_assets.settings import current_settings
 
 
 def flock_enabled() -> bool:
     """``EAGLE_FORGE_FLOCK`` (default on): off where the mount does not honour ``flock``, so that the database
     lease alone keeps writers apart (and tests can show it does)."""
-    return settings.switch_on("EAGLE_FORGE_FLOCK")
+    return current_settings().flock
 
 
 _LOCAL: dict[str, threading.Lock] = {}
@@ -55,7 +56,7 @@ def exclusive(
     wait_s: float | None = None,
 ) -> Iterator[DatabaseLease]:
     """Be the only writer of ``directory``: its ``flock`` for this host, then its lease in the ledger's database
-    (``location``; default ``settings.ledger_location()``) for every host. Yields the lease, to ``check``
+    (``location``; default ``layout.ledger_location()``) for every host. Yields the lease, to ``check``
     before publishing."""
     directory = Path(directory).expanduser().absolute()
     name = folder_lease_name(directory)
@@ -63,6 +64,6 @@ def exclusive(
         stack.enter_context(_thread_turn(name))
         if flock_enabled():
             stack.enter_context(directory_lock(directory, lock_name))
-        ledger = BudgetLedger(settings.ledger_location() if location is None else location)
+        ledger = BudgetLedger(layout.ledger_location() if location is None else location)
         stack.callback(ledger.close)
         yield stack.enter_context(DatabaseLease(ledger, name, what=what, wait_s=wait_s, wait_for_live=True))

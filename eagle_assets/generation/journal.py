@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from eagle_assets import settings
+from eagle_assets.settings import current_settings
 from eagle_assets.errors import GenerationError
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ _NO_LOCKS = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS}
 
 
 def flock_enabled() -> bool:
-    return settings.switch_on("EAGLE_FORGE_JOURNAL_FLOCK")
+    return current_settings().journal_flock
 
 
 def encode_line(record: dict[str, Any]) -> bytes:

@@ -18,18 +18,14 @@ from pathlib import Path
 
 import psutil
 
-log = logging.getLogger(__name__)
+from eagle_assets.settings import current_settings
 
-DEFAULT_LEASE_S = 30.0
+log = logging.getLogger(__name__)
 
 
 def lease_seconds() -> float:
     """The owner lease: ``EAGLE_FORGE_LEASE_S`` (seconds), else 30. A dead host's slots return after it."""
-    raw = os.environ.get("EAGLE_FORGE_LEASE_S", "").strip()
-    value = float(raw) if raw else DEFAULT_LEASE_S
-    if value < 1.0:
-        raise ValueError(f"EAGLE_FORGE_LEASE_S must be at least 1 second, got {raw!r}")
-    return value
+    return current_settings().lease_s
 
 
 def _read(path: str) -> str:
@@ -41,7 +37,7 @@ def _read(path: str) -> str:
 
 def host_id() -> str:
     """This process's pid space: ``EAGLE_FORGE_HOST_ID`` if set, else hostname, boot id and pid namespace."""
-    override = os.environ.get("EAGLE_FORGE_HOST_ID", "").strip()
+    override = current_settings().host_id
     if override:
         return override
     boot = _read("/proc/sys/kernel/random/boot_id")[:8]

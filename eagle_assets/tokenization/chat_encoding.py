@@ -24,12 +24,12 @@ literal ``<|im_end|>``, ``<think>`` or ``[EOS]`` typed into a message or a tool 
 Both choices give the same ids when no data string contains special-token text.
 """
 
-import os
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal, cast, get_args
+from typing import Any, cast, get_args
 
 from eagle_assets.errors import TargetError
+from eagle_assets.settings import DataSpecials, current_settings
 from eagle_assets.tokenization.chat_template import Message, normalize_messages, render_normalized
 from eagle_assets.tokenization.kimi_tokenizer import KimiTokenizer
 from eagle_assets.tokenization.segments import (
@@ -56,10 +56,7 @@ __all__ = [
     "split_at_specials",
 ]
 
-DataSpecials = Literal["special", "ordinary"]
-"""What special-token text inside messages and tools becomes: its id (as served) or ordinary text."""
 DATA_SPECIALS: tuple[str, ...] = get_args(DataSpecials)
-DATA_SPECIALS_ENV = "EAGLE_FORGE_DATA_SPECIALS"
 
 # Values the template compares against literals ("role" == "user", content "type" == "text"); marking
 # them would break those comparisons, and they never carry free text.
@@ -150,7 +147,7 @@ def configured_data_specials() -> DataSpecials:
     One setting read by the tokenized assets and the simulator alike, so that a pipeline set up for
     a sanitizing server rebuilds and counts prompts the same way everywhere.
     """
-    return check_data_specials(os.environ.get(DATA_SPECIALS_ENV, "").strip() or "special")
+    return current_settings().data_specials
 
 
 def _kimi_inputs(

@@ -12,14 +12,13 @@ resource's config field), else ``EAGLE_FORGE_TOKENIZER``, else the bundled copy.
 import contextlib
 import functools
 import hashlib
-import os
 import re
 from pathlib import Path
 
 from eagle_assets.errors import Systemic, TargetError
+from eagle_assets.settings import current_settings
 
 BUNDLED_DIR = Path(__file__).resolve().with_name("kimi_k25")
-ENV_VAR = "EAGLE_FORGE_TOKENIZER"
 UPSTREAM_REPO = "moonshotai/Kimi-K2.5"
 REQUIRED_FILES = ("tiktoken.model", "tokenizer_config.json")
 OPTIONAL_FILES = ("chat_template.jinja",)
@@ -108,7 +107,7 @@ def download_from_hub(repo_id: str, revision: str | None = None) -> Path:
 
 def resolve_tokenizer_dir(spec: str | Path | None = None) -> Path:
     """The folder to load: ``spec``, else ``$EAGLE_FORGE_TOKENIZER``, else the bundled copy (checked)."""
-    raw = str(spec) if spec else (os.environ.get(ENV_VAR) or "").strip()
+    raw = str(spec) if spec else current_settings().tokenizer
     if not raw or raw == "bundled":
         require_files(BUNDLED_DIR)
         return BUNDLED_DIR
@@ -117,8 +116,9 @@ def resolve_tokenizer_dir(spec: str | Path | None = None) -> Path:
         return download_from_hub(*hub)
     directory = Path(raw).expanduser().resolve()
     if not directory.is_dir():
+        source = "the config" if spec else "the EAGLE_FORGE_TOKENIZER setting"
         raise TokenizerFilesError(
-            f"tokenizer folder not found: {directory} (from {'the config' if spec else ENV_VAR}; give a folder"
-            f" with {' and '.join(REQUIRED_FILES)}, a Hub repo id such as {UPSTREAM_REPO}, or 'bundled')"
+            f"tokenizer folder not found: {directory} (from {source};"
+            f" give a folder with {' and '.join(REQUIRED_FILES)}, a Hub repo id such as {UPSTREAM_REPO}, or 'bundled')"
         )
     return directory

@@ -17,9 +17,10 @@ from urllib.parse import urlparse
 from dagster import ConfigurableResource
 from pydantic import Field
 
-from eagle_assets import settings as forge_settings
 from eagle_assets.budget_mode import BudgetMode
 from eagle_assets.layout import ledger_path as default_ledger_path
+from eagle_assets.settings import current_settings
+from eagle_assets.tokenization.tokenizer_source import resolve_tokenizer_dir
 from resources.openrouter.client import OpenRouterClient
 from resources.openrouter.providers import (
     DEFAULT_IGNORED,
@@ -194,14 +195,14 @@ class OpenRouterResource(ConfigurableResource):
 
     def tokenizer_location(self) -> str | Path:
         """The Kimi tokenizer for prompt-cost estimates: this resource's, else the environment's or the bundled one."""
-        return self.tokenizer_path or forge_settings.tokenizer_dir()
+        return self.tokenizer_path or resolve_tokenizer_dir()
 
     def ledger_file(self) -> Path:
         return Path(self.ledger_path) if self.ledger_path else default_ledger_path()
 
     def ledger_location(self) -> str | Path:
         """The database URL (this resource's, else the environment's), else the SQLite file."""
-        return self.database_url.strip() or forge_settings.database_url() or self.ledger_file()
+        return self.database_url.strip() or current_settings().database_url or self.ledger_file()
 
     def client(self) -> OpenRouterClient:
         return OpenRouterClient(

@@ -13,32 +13,20 @@ target checkpoint, required: the target resource of the definitions is the tiny 
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal, cast
 
 import dagster as dg
 from pydantic import Field
 
-from eagle_assets import settings
-from eagle_assets.benchmarks.serving_benchmark import EnginePlan
 from eagle_assets.errors import ConfigError
-from resources.serving.commands import LaunchSettings, SpeculativeSettings
-
-Backend = Literal["inprocess", "sglang", "vllm"]
-BACKENDS = ("inprocess", "sglang", "vllm")
-BACKEND_VAR = "EAGLE_FORGE_SERVING"
-URL_VAR = "EAGLE_FORGE_SERVING_URL"
-BASELINE_URL_VAR = "EAGLE_FORGE_SERVING_BASELINE_URL"
-MODEL_PATH_VAR = "EAGLE_FORGE_SERVING_MODEL_PATH"
-TP_SIZE_VAR = "EAGLE_FORGE_SERVING_TP_SIZE"
+from eagle_assets.settings import REPO_ROOT, ServingBackend, current_settings
+from resources.serving.commands import EnginePlan, LaunchSettings, SpeculativeSettings
 
 
 class ServingEngineResource(dg.ConfigurableResource):
     """The serving engine the draft is benchmarked through (or the in-process loop)."""
 
-    backend: Backend = Field(default="inprocess", description="inprocess | sglang | vllm")
+    backend: ServingBackend = Field(default="inprocess", description="inprocess | sglang | vllm")
     url: str = Field(
         default="", description="attach to this running server (with the draft); empty: start one per pass"
     )
@@ -104,7 +92,7 @@ class ServingEngineResource(dg.ConfigurableResource):
             health_poll_s=self.health_poll_s,
             request_timeout_s=self.request_timeout_s,
             env=dict(self.env),
-            cwd=settings.REPO_ROOT,
+            cwd=REPO_ROOT,
         )
 
 
@@ -112,36 +100,23 @@ class ServingConfigError(ConfigError, ValueError):
     """The serving environment variables name an engine run that cannot be what was meant."""
 
 
-def _tp_size(env: Mapping[str, str]) -> int:
-    raw = env.get(TP_SIZE_VAR, "").strip()
-    if not raw:
-        return int(ServingEngineResource.model_fields["tp_size"].default)
-    if not raw.isdigit() or int(raw) < 1:
-        raise ServingConfigError(f"{TP_SIZE_VAR} must be a number of GPUs (>= 1), not {raw!r}")
-    return int(raw)
-
-
-def serving_from_env(env: Mapping[str, str] | None = None) -> ServingEngineResource:
-    """The serving resource the definitions (so the training sensor's runs) use, from ``env`` (the process's).
+def serving_from_env() -> ServingEngineResource:
+    """The serving resource the definitions (so the training sensor's runs) use, from the settings.
 
     Refuses to start an engine without ``EAGLE_FORGE_SERVING_MODEL_PATH``: the definitions' target is the
     tiny one, and an engine started on its folder with 8-way tensor parallelism measures nothing meant."""
-    env = os.environ if env is None else env
-    backend = env.get(BACKEND_VAR, "").strip().lower() or "inprocess"
-    if backend not in BACKENDS:
-        raise ServingConfigError(f"{BACKEND_VAR} must be one of {', '.join(BACKENDS)}, not {backend!r}")
-    url = env.get(URL_VAR, "").strip()
-    model_path = env.get(MODEL_PATH_VAR, "").strip()
-    if backend != "inprocess" and not url and not model_path:
+    s = current_settings()
+    if s.serving != "inprocess" and not s.serving_url and not s.serving_model_path:
         raise ServingConfigError(
-            f"{BACKEND_VAR}={backend} starts the engine (no {URL_VAR} to attach to), but {MODEL_PATH_VAR} is not "
-            "set: name the target checkpoint the engine loads (e.g. /models/Kimi-K2.5), or attach to a running "
-            f"server with {URL_VAR} and {BASELINE_URL_VAR}"
+            f"EAGLE_FORGE_SERVING={s.serving} starts the engine (no EAGLE_FORGE_SERVING_URL to attach to), but"
+            " EAGLE_FORGE_SERVING_MODEL_PATH is not set: name the target checkpoint the engine loads (e.g."
+            " /models/Kimi-K2.5), or attach to a running server with EAGLE_FORGE_SERVING_URL and"
+            " EAGLE_FORGE_SERVING_BASELINE_URL"
         )
     return ServingEngineResource(
-        backend=cast(Backend, backend),  # proven by the membership test above
-        url=url,
-        baseline_url=env.get(BASELINE_URL_VAR, "").strip(),
-        model_path=model_path,
-        tp_size=_tp_size(env),
+        backend=s.serving,
+        url=s.serving_url,
+        baseline_url=s.serving_baseline_url,
+        model_path=s.serving_model_path,
+        tp_size=s.serving_tp_size,
     )

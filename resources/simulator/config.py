@@ -14,16 +14,17 @@ from pathlib import Path
 
 import orjson
 
-from eagle_assets.settings import tokenizer_dir
+from eagle_assets.settings import DEFAULT_SIM_PORT
+from eagle_assets.tokenization.tokenizer_source import resolve_tokenizer_dir
 from resources.simulator.faults import FaultConfig
 from resources.simulator.flags import Alias, flag, flags_of, group
 
 MODEL_SLUG = "moonshotai/kimi-k2.5"
 MODEL_PERMASLUG = "moonshotai/kimi-k2.5-0127"
 MODEL_NAME = "MoonshotAI: Kimi K2.5"
-# Where ``python -m resources.simulator`` listens unless told otherwise, and so where the Dagster
-# resource looks for the embedded simulator (``resources.openrouter.configured``).
-DEFAULT_PORT = 18765
+# Where ``python -m resources.simulator`` listens unless told otherwise: where the Dagster resource looks for the
+# embedded simulator unless EAGLE_FORGE_SIM_PORT says otherwise.
+DEFAULT_PORT = DEFAULT_SIM_PORT
 
 
 def per_token_string(usd_per_million: float) -> str:
@@ -209,9 +210,11 @@ class SimulatorConfig:
     )
     key_label: str = field(default="sk-or-v1-sim...sim", metadata=flag(help="the label /key shows"))
     tokenizer_dir: Path = field(
-        default_factory=tokenizer_dir,
+        default_factory=resolve_tokenizer_dir,
         metadata=flag(
-            help="folder or Hub repo id (default: $EAGLE_FORGE_TOKENIZER, else bundled)", parse=tokenizer_dir, show=str
+            help="folder or Hub repo id (default: $EAGLE_FORGE_TOKENIZER, else bundled)",
+            parse=resolve_tokenizer_dir,
+            show=str,
         ),
     )
     model_slug: str = field(default=MODEL_SLUG, metadata=flag(help="the model id a request must name"))

@@ -12,7 +12,6 @@ switches back to the templated text; ``EAGLE_FORGE_SIM_TINY_TARGET_SEED`` picks 
 """
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -23,10 +22,11 @@ from urllib.parse import urlparse
 
 import psutil
 
-from eagle_assets import settings
 from eagle_assets.durable_files import atomic_write_bytes, directory_lock
 from eagle_assets.errors import OpenRouterError, Systemic
 from eagle_assets.layout import simulator_dir
+from eagle_assets.settings import current_settings
+from eagle_assets.tokenization.tokenizer_source import resolve_tokenizer_dir
 
 DEMO_FLAGS = [
     "--latency-lognormal",
@@ -56,19 +56,13 @@ def is_up(base_url: str, timeout_s: float = 0.5) -> bool:
         return False
 
 
-GENERATORS = ("tiny-target", "kimi-style")
-
-
 def generator_flags() -> list[str]:
     """Simulator flags for ``EAGLE_FORGE_SIM_GENERATOR`` (tiny-target by default)."""
-    choice = os.environ.get("EAGLE_FORGE_SIM_GENERATOR", "").strip().lower() or GENERATORS[0]
-    if choice == "kimi-style":
+    settings = current_settings()
+    if settings.sim_generator == "kimi-style":
         return []
-    if choice == "tiny-target":
-        seed = int(os.environ.get("EAGLE_FORGE_SIM_TINY_TARGET_SEED", "0"))
-        # Built by the child, not here: this runs in every Dagster step and must not import torch.
-        return ["--tiny-target-seed", str(seed)]
-    raise ValueError(f"EAGLE_FORGE_SIM_GENERATOR must be one of {', '.join(GENERATORS)}, not {choice!r}")
+    # Built by the child, not here: this runs in every Dagster step and must not import torch.
+    return ["--tiny-target-seed", str(settings.sim_tiny_target_seed)]
 
 
 class EmbeddedSimulatorError(OpenRouterError, Systemic, RuntimeError):
@@ -91,7 +85,7 @@ def _log_tail(log_path: Path, offset: int, lines: int = 12) -> str:
 
 
 def _spawn_command(port: int, gen_flags: list[str]) -> list[str]:
-    tokenizer = str(settings.tokenizer_dir())  # resolved here: a missing tokenizer fails in this step, not a child
+    tokenizer = str(resolve_tokenizer_dir())  # resolved here: a missing tokenizer fails in this step, not a child
     return [
         sys.executable,
         "-m",
@@ -103,7 +97,7 @@ def _spawn_command(port: int, gen_flags: list[str]) -> list[str]:
         "--state-file",
         str(simulator_dir() / "state.json"),
         "--credits",
-        os.environ.get("EAGLE_FORGE_SIM_CREDITS", "100"),
+        current_settings().sim_credits,
         "--tokenizer-dir",
         tokenizer,
         *DEMO_FLAGS,

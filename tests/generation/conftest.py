@@ -16,8 +16,8 @@ from eagle_assets.generation.retry_policy import RetryPolicy
 from eagle_assets.generation.runner import GenerationSettings, PartitionJob, PartitionReport, PartitionRunner
 from eagle_assets.generation.settlement import SettlementSchedule
 from eagle_assets.generation.turn_chains import TurnChains
-from eagle_assets.settings import tokenizer_dir
 from eagle_assets.tokenization.kimi_tokenizer import load_kimi_tokenizer
+from eagle_assets.tokenization.tokenizer_source import resolve_tokenizer_dir
 from resources.openrouter.client import OpenRouterClient
 from resources.openrouter.providers import ProviderPolicy, ProviderTable, parse_endpoints
 from resources.openrouter.secret import ApiKey
@@ -87,7 +87,7 @@ class Harness:
             **settings_kw,
         )
         job = PartitionJob(dataset, shard, prompts, token_budget, self.journal(shard), chains)
-        estimator = tokenizer_estimator(load_kimi_tokenizer(tokenizer_dir()))
+        estimator = tokenizer_estimator(load_kimi_tokenizer(resolve_tokenizer_dir()))
         lines: list[str] = []
 
         async def go() -> PartitionReport:
@@ -128,7 +128,7 @@ class Harness:
 def sim_config(**kw) -> SimulatorConfig:
     kw.setdefault("latency", LatencyConfig.fixed(0.005))
     kw.setdefault("mean_completion_tokens", 60)
-    kw.setdefault("tokenizer_dir", tokenizer_dir())
+    kw.setdefault("tokenizer_dir", resolve_tokenizer_dir())
     return SimulatorConfig(**kw)
 
 

@@ -12,7 +12,7 @@ from eagle_assets.assets.generation import build_generated_asset
 from eagle_assets.datasets.config import DatasetSpec
 from eagle_assets.generation.journal import read_records
 from eagle_assets.generation.ledger import BudgetLedger
-from eagle_assets.settings import tokenizer_dir
+from eagle_assets.tokenization.tokenizer_source import resolve_tokenizer_dir
 from resources.duckdb.resource import DuckDBResource
 from resources.openrouter.resource import OpenRouterResource
 from resources.simulator.config import LatencyConfig, SimulatorConfig
@@ -47,7 +47,7 @@ def resource_for(base_url: str, **kw) -> OpenRouterResource:
         progress_interval_s=0.5,
         key_poll_interval_s=0.2,
         api_key_file="",
-        tokenizer_path=str(tokenizer_dir()),
+        tokenizer_path=str(resolve_tokenizer_dir()),
         **kw,
     )
 
@@ -56,7 +56,9 @@ def test_materialize_partitions_with_metadata_and_budget_resume(tmp_path, forge_
     spec = DatasetSpec("K1", write_prompts(tmp_path / "k1.jsonl", 120), 10**9, 60)
     asset = build_generated_asset(spec)
     assert asset.partitions_def.get_partition_keys() == ["0000", "0001"]
-    cfg = SimulatorConfig(latency=LatencyConfig.fixed(0.005), mean_completion_tokens=50, tokenizer_dir=tokenizer_dir())
+    cfg = SimulatorConfig(
+        latency=LatencyConfig.fixed(0.005), mean_completion_tokens=50, tokenizer_dir=resolve_tokenizer_dir()
+    )
     with run_simulator_in_thread(cfg) as sim, dg.instance_for_test() as instance:
         # A budget that runs out part-way: the step fails with a clear, resumable message.
         poor = resource_for(sim.base_url, budget_usd=0.01)
@@ -114,7 +116,10 @@ def test_credits_sensor_backfills_exactly_the_missing_partitions(tmp_path, forge
     asset = build_generated_asset(spec)
     sensor = build_credits_sensor([asset], min_increase_usd=0.001, min_remaining_usd=0.001)
     cfg = SimulatorConfig(
-        latency=LatencyConfig.fixed(0.005), mean_completion_tokens=50, credits=0.008, tokenizer_dir=tokenizer_dir()
+        latency=LatencyConfig.fixed(0.005),
+        mean_completion_tokens=50,
+        credits=0.008,
+        tokenizer_dir=resolve_tokenizer_dir(),
     )
     with run_simulator_in_thread(cfg) as sim, dg.instance_for_test() as instance:
         res = resource_for(sim.base_url)
@@ -174,7 +179,9 @@ def test_tokenized_partition_matches_the_api_token_counts_exactly(tmp_path, forg
     spec = DatasetSpec("K4", write_prompts(tmp_path / "k4.jsonl", 40, tag="z"), 10**9, 40)
     gen = build_generated_asset(spec)
     tok = build_tokenized_asset(spec, gen.partitions_def)
-    cfg = SimulatorConfig(latency=LatencyConfig.fixed(0.005), mean_completion_tokens=80, tokenizer_dir=tokenizer_dir())
+    cfg = SimulatorConfig(
+        latency=LatencyConfig.fixed(0.005), mean_completion_tokens=80, tokenizer_dir=resolve_tokenizer_dir()
+    )
     with run_simulator_in_thread(cfg) as sim, dg.instance_for_test() as instance:
         res = resource_for(sim.base_url, max_tokens=64)
         result = dg.materialize(
@@ -216,7 +223,9 @@ def test_a_request_wide_400_fails_the_run_and_the_partition_is_bought_once_fixed
     mandatory = "Reasoning is mandatory for this endpoint and cannot be disabled."
     spec = DatasetSpec("K5", write_prompts(tmp_path / "k5.jsonl", 40, tag="w"), 10**9, 40)
     asset = build_generated_asset(spec)
-    cfg = SimulatorConfig(latency=LatencyConfig.fixed(0.005), mean_completion_tokens=50, tokenizer_dir=tokenizer_dir())
+    cfg = SimulatorConfig(
+        latency=LatencyConfig.fixed(0.005), mean_completion_tokens=50, tokenizer_dir=resolve_tokenizer_dir()
+    )
     with run_simulator_in_thread(cfg) as sim, dg.instance_for_test() as instance:
         sim.set_request_wide_error(mandatory)
         resources = {"openrouter": resource_for(sim.base_url), "duckdb": DuckDBResource()}

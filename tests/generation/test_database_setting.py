@@ -3,12 +3,12 @@
 import dagster as dg
 import pytest
 
-from eagle_assets import settings
+from eagle_assets import layout
 from eagle_assets.assets.generation import build_generated_asset
 from eagle_assets.datasets.config import DatasetSpec
 from eagle_assets.generation.ledger import BudgetLedger
 from eagle_assets.generation.ledger.database import DatabaseConfigError, redact_url
-from eagle_assets.settings import tokenizer_dir
+from eagle_assets.tokenization.tokenizer_source import resolve_tokenizer_dir
 from resources.duckdb.resource import DuckDBResource
 from resources.simulator.config import LatencyConfig, SimulatorConfig
 from resources.simulator.control import run_simulator_in_thread
@@ -19,9 +19,9 @@ def test_where_the_ledger_lives(tmp_path, monkeypatch):
     monkeypatch.setenv("EAGLE_FORGE_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("EAGLE_FORGE_DATABASE_URL", raising=False)
     res = resource_for("http://127.0.0.1:1/api/v1")
-    assert res.ledger_location() == tmp_path / "home" / "state" / "ledger.sqlite" == settings.ledger_location()
+    assert res.ledger_location() == tmp_path / "home" / "state" / "ledger.sqlite" == layout.ledger_location()
     monkeypatch.setenv("EAGLE_FORGE_DATABASE_URL", "postgresql://eagle@db.internal/forge")
-    assert res.ledger_location() == "postgresql://eagle@db.internal/forge" == settings.ledger_location()
+    assert res.ledger_location() == "postgresql://eagle@db.internal/forge" == layout.ledger_location()
     other = resource_for("http://127.0.0.1:1/api/v1", database_url="postgresql://eagle@other/forge")
     assert other.ledger_location() == "postgresql://eagle@other/forge"  # the resource's own setting wins
 
@@ -43,7 +43,9 @@ def test_a_materialization_spends_through_the_postgres_ledger(tmp_path, monkeypa
     monkeypatch.setenv("EAGLE_FORGE_DATABASE_URL", url)
     spec = DatasetSpec("P1", write_prompts(tmp_path / "p1.jsonl", 40, "pg"), 10**9, 40)
     asset = build_generated_asset(spec)
-    cfg = SimulatorConfig(latency=LatencyConfig.fixed(0.005), mean_completion_tokens=40, tokenizer_dir=tokenizer_dir())
+    cfg = SimulatorConfig(
+        latency=LatencyConfig.fixed(0.005), mean_completion_tokens=40, tokenizer_dir=resolve_tokenizer_dir()
+    )
     with run_simulator_in_thread(cfg) as sim, dg.instance_for_test() as instance:
         result = dg.materialize(
             [asset],

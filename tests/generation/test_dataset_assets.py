@@ -13,7 +13,7 @@ import pytest
 
 from eagle_assets.assets.generation import build_generated_asset
 from eagle_assets.datasets.config import load_datasets
-from eagle_assets.settings import tokenizer_dir
+from eagle_assets.tokenization.tokenizer_source import resolve_tokenizer_dir
 from resources.duckdb.resource import DuckDBResource
 from resources.openrouter.resource import OpenRouterResource
 from resources.simulator.config import LatencyConfig, SimulatorConfig
@@ -34,7 +34,9 @@ def env(tmp_path, monkeypatch):
     monkeypatch.setenv("EAGLE_FORGE_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    cfg = SimulatorConfig(latency=LatencyConfig.fixed(0.005), mean_completion_tokens=30, tokenizer_dir=tokenizer_dir())
+    cfg = SimulatorConfig(
+        latency=LatencyConfig.fixed(0.005), mean_completion_tokens=30, tokenizer_dir=resolve_tokenizer_dir()
+    )
     with run_simulator_in_thread(cfg) as sim, dg.instance_for_test() as instance:
         yield tmp_path, sim, instance
 
@@ -47,7 +49,7 @@ def materialize(spec, sim, instance, partition="0000"):
         request_timeout_s=5.0,
         retry_base_delay_s=0.01,
         api_key_file="",
-        tokenizer_path=str(tokenizer_dir()),
+        tokenizer_path=str(resolve_tokenizer_dir()),
     )
     asset = build_generated_asset(spec)
     return asset, dg.materialize(

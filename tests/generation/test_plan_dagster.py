@@ -16,7 +16,7 @@ from eagle_assets.datasets.config import DatasetSpec
 from eagle_assets.generation.journal import read_records
 from eagle_assets.generation.ledger import BudgetLedger
 from eagle_assets.keys import ACCOUNT_KEY
-from eagle_assets.settings import tokenizer_dir
+from eagle_assets.tokenization.tokenizer_source import resolve_tokenizer_dir
 from resources.duckdb.resource import DuckDBResource
 from resources.simulator.config import LatencyConfig, SimulatorConfig
 from resources.simulator.control import run_simulator_in_thread
@@ -43,7 +43,7 @@ def ledger_totals(forge_home, dataset: str | None = None):
 
 def sim_config(**kw) -> SimulatorConfig:
     return SimulatorConfig(
-        latency=LatencyConfig.fixed(0.005), mean_completion_tokens=50, tokenizer_dir=tokenizer_dir(), **kw
+        latency=LatencyConfig.fixed(0.005), mean_completion_tokens=50, tokenizer_dir=resolve_tokenizer_dir(), **kw
     )
 
 

@@ -8,8 +8,9 @@ import pytest
 
 from eagle_assets.generation.partition_runs import generation_settings, preflight
 from eagle_assets.generation.retry_policy import RetryPolicy
+from eagle_assets.settings import EnvSettingError
 from resources.openrouter.account import account_cap
-from resources.openrouter.configured import TargetConfigError, openrouter_from_env
+from resources.openrouter.configured import openrouter_from_env
 from resources.openrouter.providers import ProviderPolicy
 from resources.openrouter.resource import SIMULATOR_KEY, OpenRouterResource, is_loopback
 from resources.openrouter.secret import MissingApiKeyError
@@ -93,7 +94,7 @@ def test_target_selection(monkeypatch):
     monkeypatch.setenv("EAGLE_FORGE_TARGET", "openrouter")
     assert openrouter_from_env().base_url == "https://openrouter.ai/api/v1"
     monkeypatch.setenv("EAGLE_FORGE_TARGET", "elsewhere")
-    with pytest.raises(TargetConfigError, match="must be 'simulator' or 'openrouter'"):
+    with pytest.raises(EnvSettingError, match=r"EAGLE_FORGE_TARGET='elsewhere'.*'simulator' or 'openrouter'"):
         openrouter_from_env()
 
 

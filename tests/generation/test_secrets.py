@@ -10,7 +10,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from eagle_assets.settings import REPO_ROOT, tokenizer_dir
+from eagle_assets.settings import REPO_ROOT
+from eagle_assets.tokenization.tokenizer_source import resolve_tokenizer_dir
 from resources.openrouter.resource import SIMULATOR_KEY, OpenRouterResource
 from resources.openrouter.secret import ApiKey, MissingApiKeyError, check_key_file_permissions, load_api_key
 from resources.simulator.config import LatencyConfig, SimulatorConfig
@@ -76,7 +77,7 @@ def test_full_materialization_leaves_no_trace_of_the_key(tmp_path, accepted):
         SimulatorConfig(
             latency=LatencyConfig.fixed(0.005),
             accepted_keys=keys,
-            tokenizer_dir=tokenizer_dir(),
+            tokenizer_dir=resolve_tokenizer_dir(),
             state_file=home / "sim.json",
         )
     )

@@ -11,7 +11,8 @@ from pathlib import Path
 import orjson
 
 from eagle_assets.generation.journal import scan
-from eagle_assets.settings import REPO_ROOT, tokenizer_dir
+from eagle_assets.settings import REPO_ROOT
+from eagle_assets.tokenization.tokenizer_source import resolve_tokenizer_dir
 from resources.simulator.config import LatencyConfig, SimulatorConfig
 from resources.simulator.control import run_simulator_in_thread
 
@@ -43,7 +44,9 @@ def test_sigkill_mid_conversation_resumes_at_the_next_turn_buying_nothing_twice(
     )
     home, journal = tmp_path / "home", tmp_path / "home" / "journal" / "MT" / "0000.journal"
     (tmp_path / "dagster_home").mkdir()
-    cfg = SimulatorConfig(latency=LatencyConfig.fixed(0.4), mean_completion_tokens=30, tokenizer_dir=tokenizer_dir())
+    cfg = SimulatorConfig(
+        latency=LatencyConfig.fixed(0.4), mean_completion_tokens=30, tokenizer_dir=resolve_tokenizer_dir()
+    )
     with run_simulator_in_thread(cfg) as sim:
         env = {
             **os.environ,

@@ -12,9 +12,9 @@ from eagle_assets.datasets.regeneration import turn_request
 from eagle_assets.generation.journal import scan
 from eagle_assets.generation.partition_output import write_partition_parquet
 from eagle_assets.generation.turn_chains import TurnChains, split_turn_id
-from eagle_assets.settings import tokenizer_dir
 from eagle_assets.tokenization.hf_tokenizer import load_hf_tokenizer
 from eagle_assets.tokenization.kimi_tokenizer import load_kimi_tokenizer
+from eagle_assets.tokenization.tokenizer_source import resolve_tokenizer_dir
 from resources.simulator.config import DEFAULT_PROVIDERS
 
 SHAREGPT = detect_format(["id", "conversations", "system"], None, "sharegpt")
@@ -102,7 +102,7 @@ def test_every_turn_through_the_simulator_then_resumes_buying_nothing_twice(harn
     # apply_chat_template over the Kimi tokenizer) and what the simulator billed as usage.prompt_tokens.
     parquet = harness.tmp / "gen.parquet"
     assert write_partition_parquet(harness.journal(), parquet) == 36
-    tok = load_kimi_tokenizer(tokenizer_dir())
+    tok = load_kimi_tokenizer(resolve_tokenizer_dir())
     rows, summary = tokenize_generated(parquet, "T1", "0000", tok)
     assert summary.samples == 36 and summary.prompt_nonzero_diffs == 0
     hf = load_hf_tokenizer(tok.directory)

@@ -12,8 +12,8 @@ from eagle_assets.datasets.config import DatasetSpec
 from eagle_assets.hidden_states.store import HiddenStateStore
 from eagle_assets.keys import CORPUS_SHARDS
 from eagle_assets.layout import corpus_dir, partition_paths, shard_file, store_dir
-from eagle_assets.settings import tokenizer_dir
 from eagle_assets.target.tiny import load_target
+from eagle_assets.tokenization.tokenizer_source import resolve_tokenizer_dir
 from resources.duckdb.resource import DuckDBResource
 from resources.simulator.config import LatencyConfig, SimulatorConfig
 from resources.simulator.control import run_simulator_in_thread
@@ -37,7 +37,9 @@ def test_checks_corpus_and_hidden_states_end_to_end(tmp_path, forge_home):
     gens = [build_generated_asset(s) for s in specs]
     toks = [build_tokenized_asset(s, g.partitions_def) for s, g in zip(specs, gens, strict=True)]
     corpus = build_corpus_asset(specs)
-    cfg = SimulatorConfig(latency=LatencyConfig.fixed(0.002), mean_completion_tokens=40, tokenizer_dir=tokenizer_dir())
+    cfg = SimulatorConfig(
+        latency=LatencyConfig.fixed(0.002), mean_completion_tokens=40, tokenizer_dir=resolve_tokenizer_dir()
+    )
     with run_simulator_in_thread(cfg) as sim, dg.instance_for_test() as instance:
         res = pipeline_resources(sim.base_url, max_tokens=48)
         for spec, gen, tok in zip(specs, gens, toks, strict=True):
@@ -103,7 +105,9 @@ def test_blocking_check_keeps_a_bad_partition_out_of_the_corpus(tmp_path, forge_
     gen = build_generated_asset(spec)
     tok = build_tokenized_asset(spec, gen.partitions_def)
     corpus = build_corpus_asset([spec])
-    cfg = SimulatorConfig(latency=LatencyConfig.fixed(0.002), mean_completion_tokens=30, tokenizer_dir=tokenizer_dir())
+    cfg = SimulatorConfig(
+        latency=LatencyConfig.fixed(0.002), mean_completion_tokens=30, tokenizer_dir=resolve_tokenizer_dir()
+    )
     with run_simulator_in_thread(cfg) as sim, dg.instance_for_test() as instance:
         res = {"openrouter": resource_for(sim.base_url, max_tokens=32), "duckdb": DuckDBResource()}
         assert dg.materialize([gen], partition_key="0000", instance=instance, resources=res).success

@@ -7,7 +7,7 @@ from eagle_assets.assets.generation import build_generated_asset
 from eagle_assets.assets.tokens import build_tokenized_asset
 from eagle_assets.datasets.config import DatasetSpec
 from eagle_assets.generation.ledger import BudgetLedger
-from eagle_assets.settings import tokenizer_dir
+from eagle_assets.tokenization.tokenizer_source import resolve_tokenizer_dir
 from resources.duckdb.resource import DuckDBResource
 from resources.simulator.config import LatencyConfig, SimulatorConfig
 from resources.simulator.control import run_simulator_in_thread
@@ -23,7 +23,9 @@ def test_corpus_spend_comes_from_the_resources_database(tmp_path, monkeypatch):
     gen = build_generated_asset(spec)
     tok = build_tokenized_asset(spec, gen.partitions_def)
     corpus = build_corpus_asset([spec])
-    cfg = SimulatorConfig(latency=LatencyConfig.fixed(0.002), mean_completion_tokens=30, tokenizer_dir=tokenizer_dir())
+    cfg = SimulatorConfig(
+        latency=LatencyConfig.fixed(0.002), mean_completion_tokens=30, tokenizer_dir=resolve_tokenizer_dir()
+    )
     with run_simulator_in_thread(cfg) as sim, dg.instance_for_test() as instance:
         res = {
             "openrouter": resource_for(sim.base_url, max_tokens=32, database_url=str(elsewhere)),

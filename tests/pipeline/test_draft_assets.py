@@ -13,7 +13,7 @@ from eagle_assets.assets.tokens import build_tokenized_asset
 from eagle_assets.datasets.config import DatasetSpec
 from eagle_assets.keys import BENCHMARK_KEY, DRAFT_KEY
 from eagle_assets.layout import latest_export_dir
-from eagle_assets.settings import tokenizer_dir
+from eagle_assets.tokenization.tokenizer_source import resolve_tokenizer_dir
 from resources.simulator.config import LatencyConfig, SimulatorConfig
 from resources.simulator.control import run_simulator_in_thread
 from sensors.training_sensor import build_training_sensor
@@ -30,7 +30,9 @@ def test_sensor_trains_and_benchmarks_the_draft(tmp_path, forge_home):
     tok = build_tokenized_asset(spec, gen.partitions_def)
     corpus = build_corpus_asset([spec])
     sensor = build_training_sensor(run_config=training_run_config(tiny_target=True))
-    cfg = SimulatorConfig(latency=LatencyConfig.fixed(0.002), mean_completion_tokens=30, tokenizer_dir=tokenizer_dir())
+    cfg = SimulatorConfig(
+        latency=LatencyConfig.fixed(0.002), mean_completion_tokens=30, tokenizer_dir=resolve_tokenizer_dir()
+    )
     with run_simulator_in_thread(cfg) as sim, dg.instance_for_test() as instance:
         res = pipeline_resources(sim.base_url, max_tokens=32)
         for shard in spec.shard_keys():

@@ -16,8 +16,9 @@ from eagle_assets.assets.draft_benchmark import SERVING_SETS, BenchmarkConfig, p
 from eagle_assets.definitions import sensor_run_config, training_sensor
 from eagle_assets.hidden_states.fidelity_spec import CHECKS
 from eagle_assets.keys import BENCHMARK_KEY, CORPUS_SHARDS, DRAFT_KEY, HIDDEN_STATES_KEY
+from eagle_assets.settings import EnvSettingError
 from resources.serving.commands import engine_command
-from resources.serving.resource import ServingConfigError, serving_from_env
+from resources.serving.resource import ServingConfigError, ServingEngineResource, serving_from_env
 from resources.target.resource import TargetModelResource
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,6 +28,20 @@ SGLANG_ENV = {
     "EAGLE_FORGE_SERVING_MODEL_PATH": KIMI,
     "EAGLE_FORGE_SERVING_TP_SIZE": "4",  # not the resource's default 8: the variable is read
 }
+
+
+@pytest.fixture
+def serving_from(monkeypatch: pytest.MonkeyPatch):
+    """``serving_from_env`` with exactly ``env``'s serving variables set."""
+
+    def read(env: dict[str, str]) -> ServingEngineResource:
+        for name in [n for n in os.environ if n.startswith("EAGLE_FORGE_SERVING")]:
+            monkeypatch.delenv(name)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        return serving_from_env()
+
+    return read
 
 
 @dg.asset(
@@ -51,8 +66,10 @@ def run_request(sensor: dg.SensorDefinition) -> dg.RunRequest:
     return request
 
 
-def test_with_sglang_configured_the_sensor_benchmarks_at_the_reference_settings_on_the_named_model(tmp_path):
-    serving = serving_from_env(SGLANG_ENV)
+def test_with_sglang_configured_the_sensor_benchmarks_at_the_reference_settings_on_the_named_model(
+    tmp_path, serving_from
+):
+    serving = serving_from(SGLANG_ENV)
     request = run_request(training_sensor(TargetModelResource(), serving))
     assert request.asset_selection == [DRAFT_KEY, BENCHMARK_KEY]
     ops = request.run_config["ops"]
@@ -77,24 +94,24 @@ def test_with_sglang_configured_the_sensor_benchmarks_at_the_reference_settings_
     assert cmd[cmd.index("--cuda-graph-max-bs") + 1] == "1"
 
 
-def test_without_a_serving_backend_the_tiny_target_keeps_its_small_in_process_benchmark():
-    request = run_request(training_sensor(TargetModelResource(), serving_from_env({})))
+def test_without_a_serving_backend_the_tiny_target_keeps_its_small_in_process_benchmark(serving_from):
+    request = run_request(training_sensor(TargetModelResource(), serving_from({})))
     assert request.run_config["ops"]["draft_benchmark"]["config"] == TINY_TARGET_BENCHMARK_CONFIG
     assert request.asset_selection == [DRAFT_KEY, BENCHMARK_KEY]
     # a real target and no engine: training only, with the defaults
-    assert sensor_run_config(False, serving_from_env({})) == {}
-    real = sensor_run_config(False, serving_from_env({**SGLANG_ENV, "EAGLE_FORGE_SERVING": "vllm"}))
+    assert sensor_run_config(False, serving_from({})) == {}
+    real = sensor_run_config(False, serving_from({**SGLANG_ENV, "EAGLE_FORGE_SERVING": "vllm"}))
     assert list(real["ops"]) == ["draft_benchmark"]
 
 
-def test_starting_an_engine_without_a_model_path_is_refused_loudly():
+def test_starting_an_engine_without_a_model_path_is_refused_loudly(serving_from):
     with pytest.raises(ServingConfigError, match="EAGLE_FORGE_SERVING_MODEL_PATH is not set"):
-        serving_from_env({"EAGLE_FORGE_SERVING": "sglang"})
-    attached = serving_from_env({"EAGLE_FORGE_SERVING": "vllm", "EAGLE_FORGE_SERVING_URL": "http://127.0.0.1:1"})
+        serving_from({"EAGLE_FORGE_SERVING": "sglang"})
+    attached = serving_from({"EAGLE_FORGE_SERVING": "vllm", "EAGLE_FORGE_SERVING_URL": "http://127.0.0.1:1"})
     assert attached.url and not attached.model_path  # attaching needs no checkpoint
-    with pytest.raises(ServingConfigError, match="must be a number of GPUs"):
-        serving_from_env({**SGLANG_ENV, "EAGLE_FORGE_SERVING_TP_SIZE": "eight"})
-    assert serving_from_env({**SGLANG_ENV, "EAGLE_FORGE_SERVING_TP_SIZE": ""}).tp_size == 8
+    with pytest.raises(EnvSettingError, match="EAGLE_FORGE_SERVING_TP_SIZE='eight' is malformed"):
+        serving_from({**SGLANG_ENV, "EAGLE_FORGE_SERVING_TP_SIZE": "eight"})
+    assert serving_from({**SGLANG_ENV, "EAGLE_FORGE_SERVING_TP_SIZE": ""}).tp_size == 8
 
 
 def _load_definitions(env: dict[str, str]) -> subprocess.CompletedProcess[str]:

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from eagle_assets.settings import Settings
 from eagle_assets.tokenization.tokenizer_source import BUNDLED_DIR
-from resources.openrouter.configured import DEFAULT_SIMULATOR_PORT
 from resources.simulator.__main__ import build_parser, config_from_args
 from resources.simulator.config import (
     DEFAULT_PORT,
@@ -142,7 +142,7 @@ def test_defaults_need_no_flags_but_the_port() -> None:
 
 def test_one_default_port() -> None:
     # A process listens where the Dagster resource looks for the embedded simulator; a config in a test on any port.
-    assert config_from_args([]).port == DEFAULT_PORT == DEFAULT_SIMULATOR_PORT
+    assert config_from_args([]).port == DEFAULT_PORT == Settings.model_fields["sim_port"].default
     assert SimulatorConfig().port == 0
 
 

@@ -20,7 +20,6 @@ This module owns only what differs between them:
 """
 
 import logging
-import os
 import re
 import select
 import sqlite3
@@ -33,6 +32,7 @@ from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from eagle_assets.errors import ConfigError, GenerationError, Systemic
+from eagle_assets.settings import current_settings
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -284,7 +284,7 @@ class SQLiteLedgerDatabase(LedgerDatabase):
 
     def __init__(self, path: Path) -> None:
         super().__init__()
-        check_sqlite_location(path.resolve(), _proc_mounts(), os.environ.get("EAGLE_FORGE_EXECUTOR", ""))
+        check_sqlite_location(path.resolve(), _proc_mounts(), current_settings().executor)
         self.path = path
         self.description = f"SQLite {path}"
         path.parent.mkdir(parents=True, exist_ok=True)
