@@ -101,7 +101,7 @@ def hidden_states(
         import torch
 
         from eagle_assets.hidden_states.extract_hf import extract_hf
-        from eagle_assets.target.tiny import load_target
+        from eagle_assets.target.loader import load_target
 
         device = target.torch_device()
         model = load_target(model_dir, device, torch.bfloat16 if device.type == "cuda" else torch.float32)

@@ -166,20 +166,20 @@ def extract_hf(
 ) -> ExtractReport:
     """Extract and store the features of every corpus shard; resumable (finished shards are skipped).
 
-    ``model`` is a loaded HF causal LM or a local directory (loaded with ``local_files_only``, on
-    ``device`` — default: CUDA if available — in ``model_dtype``, default bf16 on GPU and fp32 on
-    CPU). ``dtype`` is the *store* dtype. ``layers`` defaults to the EAGLE-3 choice [2, N//2, N-3]
-    in HF indices (see ``layers.py``; pass ``layer_convention="sglang"`` for SGLang ids).
+    ``model`` is a loaded HF causal LM or a local directory (loaded by ``target.loader.load_target`` without
+    its head — a vision-language wrapper as its text model — on ``device``, default CUDA if available, in
+    ``model_dtype``, default bf16 on GPU and fp32 on CPU). ``dtype`` is the *store* dtype. ``layers`` defaults
+    to the EAGLE-3 choice [2, N//2, N-3] in HF indices (see ``layers.py``; pass ``layer_convention="sglang"`` for
+    SGLang ids).
     """
     if isinstance(model, str | Path):
-        from transformers import AutoModelForCausalLM
+        from eagle_assets.target.loader import load_target
 
         dev = torch.device(device) if device is not None else pick_device()
         mdt = model_dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
         model_id = model_id or str(model)
-        # Held as a Module: transformers' ``@wraps(nn.Module.to)`` hides from mypy that its ``to`` is a method.
-        loaded: nn.Module = AutoModelForCausalLM.from_pretrained(Path(model), dtype=mdt, local_files_only=True)
-        model = loaded.to(dev)
+        loaded: nn.Module = load_target(model, dev, mdt, with_head=False)  # only the decoder runs here
+        model = loaded
     elif device is not None:
         model = model.to(device)
     if model_id is None:
