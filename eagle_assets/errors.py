@@ -92,7 +92,7 @@ The hierarchy (``*`` marks classes defined in the modules named, not here)::
         │   ├── SpeculationMissing *    resources/serving/errors.py
         │   └── ServingBenchmarkFailed *  eagle_assets/benchmarks/serving_benchmark.py
         ├── MetricsFormatError *        resources/serving/prometheus.py
-        ├── AcceptanceError *           eagle_assets/benchmarks/acceptance.py
+        ├── AcceptanceError *           resources/serving/acceptance.py
         └── PassInterrupted *           eagle_assets/benchmarks/serving_run.py
 
     EagleForgeWarning (UserWarning)

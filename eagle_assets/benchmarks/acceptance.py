@@ -1,133 +1,13 @@
-"""Acceptance length τ and per-position acceptance, computed the way each anchor computes it.
+"""Tallies the benchmark makes itself: the in-process loop's rounds, and the sum of several sets' tallies.
 
-Every backend reduces to the same counts over *verifications* (target forwards that check a draft):
-
-- ``verifications``: SGLang's ``spec_verify_ct`` summed over requests, vLLM's ``num_drafts`` delta, or
-  this project's verification rounds;
-- ``accepted``: draft tokens accepted (the bonus token excluded);
-- ``reached[j]``: verifications in which draft position ``j + 1`` was accepted. Drafts are chains
-  (topk 1), so position ``j + 1`` is accepted exactly when at least ``j + 1`` tokens are, and
-  ``reached`` follows from SGLang's per-request histogram of accepted counts or is vLLM's
-  ``accepted_tokens_per_pos`` counter as it stands;
-- ``output_tokens``: completion tokens.
-
-τ then has two published definitions, and each backend reports the one its anchor reports:
-
-- ``"output_per_verification"`` (SpecForge's benchmarks on SGLang): ``output_tokens / verifications``.
-  The first token of every request comes from prefill, not from a verification, so this is a little
-  above ``1 + accepted / verifications`` on short answers;
-- ``"accepted_per_draft"`` (vLLM's "mean acceptance length", and this project's in-process loop):
-  ``1 + accepted / verifications``.
-
-Per-position acceptance is ``reached[j] / verifications``: the share of verifications that accepted
-position ``j + 1`` (vLLM's "per-position acceptance rate"). It is not conditional on the earlier
-positions, so for chains ``τ = 1 + Σ_j rate_j`` under the second definition.
+What a tally means (τ and per-position acceptance, each anchor's definition): ``resources/serving/acceptance.py``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Literal
+from collections.abc import Iterable
 
-from eagle_assets.errors import EngineError
-
-TauDefinition = Literal["output_per_verification", "accepted_per_draft"]
-
-
-class AcceptanceError(EngineError, ValueError):
-    """Counts that cannot come from a speculative run (negative, or more accepted than drafted)."""
-
-
-@dataclass
-class AcceptanceTally:
-    num_steps: int  # draft tokens proposed per verification (K)
-    definition: TauDefinition
-    verifications: int = 0
-    accepted: int | None = 0  # None: the engine does not report it (SGLang before spec_num_correct_drafts)
-    reached: list[int] | None = field(default=None)  # None: the engine reports no per-position counts
-    output_tokens: int = 0
-
-    def __post_init__(self) -> None:
-        if self.num_steps < 1:
-            raise AcceptanceError(f"num_steps must be >= 1, got {self.num_steps}")
-
-    @classmethod
-    def empty(cls, num_steps: int, definition: TauDefinition) -> AcceptanceTally:
-        return cls(num_steps, definition, 0, 0, [0] * num_steps, 0)
-
-    def check(self) -> AcceptanceTally:
-        """Raise when the counts are impossible; a wrong counter name or a delta over a restart shows here."""
-        if self.verifications < 0 or self.output_tokens < 0 or (self.accepted is not None and self.accepted < 0):
-            raise AcceptanceError(f"negative counts: {self}")
-        if self.accepted is not None and self.accepted > self.verifications * self.num_steps:
-            raise AcceptanceError(
-                f"{self.accepted} tokens accepted in {self.verifications} verifications of {self.num_steps} drafts"
-            )
-        if self.reached is not None:
-            if len(self.reached) != self.num_steps:
-                raise AcceptanceError(f"{len(self.reached)} positions reported for {self.num_steps} draft steps")
-            if any(r < 0 or r > self.verifications for r in self.reached):
-                raise AcceptanceError(f"per-position counts {self.reached} outside 0..{self.verifications}")
-            if any(a < b for a, b in zip(self.reached, self.reached[1:], strict=False)):
-                raise AcceptanceError(f"per-position counts {self.reached} grow with the position: not a chain draft")
-            if self.accepted is not None and sum(self.reached) != self.accepted:
-                raise AcceptanceError(f"per-position counts {self.reached} do not add up to {self.accepted} accepted")
-        return self
-
-    @property
-    def tau(self) -> float | None:
-        """Tokens per verification by this tally's definition; None before any verification."""
-        if self.verifications <= 0:
-            return None
-        if self.definition == "output_per_verification":
-            return self.output_tokens / self.verifications
-        if self.accepted is None:
-            return None
-        return 1.0 + self.accepted / self.verifications
-
-    @property
-    def position_rates(self) -> list[float] | None:
-        if self.reached is None or self.verifications <= 0:
-            return None
-        return [r / self.verifications for r in self.reached]
-
-    @property
-    def accept_rate(self) -> float | None:
-        """Accepted over proposed draft tokens (SGLang's ``spec_accept_rate``, vLLM's draft acceptance rate)."""
-        if self.accepted is None or self.verifications <= 0:
-            return None
-        return self.accepted / (self.verifications * self.num_steps)
-
-    def __add__(self, other: AcceptanceTally) -> AcceptanceTally:
-        if (other.num_steps, other.definition) != (self.num_steps, self.definition):
-            raise AcceptanceError("cannot add tallies of different draft lengths or τ definitions")
-        reached = (
-            [a + b for a, b in zip(self.reached, other.reached, strict=True)]
-            if self.reached is not None and other.reached is not None
-            else None
-        )
-        accepted = None if self.accepted is None or other.accepted is None else self.accepted + other.accepted
-        return AcceptanceTally(
-            self.num_steps,
-            self.definition,
-            self.verifications + other.verifications,
-            accepted,
-            reached,
-            self.output_tokens + other.output_tokens,
-        )
-
-
-def reached_from_histogram(histogram: Sequence[int], num_steps: int) -> list[int]:
-    """``reached[j]`` from a histogram whose entry ``k`` counts verifications that accepted exactly ``k`` drafts.
-
-    SGLang grows the histogram on demand (its length is the largest count seen plus one), so a short
-    one is padded; a longer one than ``num_steps + 1`` means the server drafts more than configured.
-    """
-    if len(histogram) > num_steps + 1 and any(histogram[num_steps + 1 :]):
-        raise AcceptanceError(f"histogram {list(histogram)} accepts more than {num_steps} drafts per verification")
-    counts = [*histogram[: num_steps + 1], *([0] * (num_steps + 1 - len(histogram)))]
-    return [sum(counts[j + 1 :]) for j in range(num_steps)]
+from resources.serving.acceptance import AcceptanceTally, TauDefinition
 
 
 def tally_from_rounds(accepted_per_round: Iterable[int], num_steps: int, output_tokens: int) -> AcceptanceTally:

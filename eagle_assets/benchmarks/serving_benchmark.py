@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from eagle_assets.benchmarks.formatting import Render
@@ -25,28 +25,11 @@ from eagle_assets.benchmarks.prompt_sets import Conversation
 from eagle_assets.benchmarks.results import SetResult
 from eagle_assets.benchmarks.serving_run import Journal, PassInterrupted, SetPass, run_pass
 from resources.serving.clients import EngineClient, SGLangClient, VLLMClient
-from resources.serving.commands import Engine, LaunchSettings, SpeculativeSettings, engine_command, free_port
+from resources.serving.commands import EnginePlan, engine_command, free_port
 from resources.serving.errors import ServerStartError, ServingError, SpeculationMissing
 from resources.serving.process import ServerProcess, health_status
 
 Log = Callable[[str], None]
-
-
-@dataclass
-class EnginePlan:
-    engine: Engine
-    spec: SpeculativeSettings
-    draft_path: str
-    launch: LaunchSettings | None = None  # start servers with these settings; None: attach to `url`
-    url: str = ""  # the speculating server to attach to
-    baseline_url: str = ""  # a server of the same target without speculation, to attach to
-    run_baseline: bool = True
-    check_draft_path: bool = True
-    startup_timeout_s: float = 3600.0
-    health_poll_s: float = 2.0
-    request_timeout_s: float = 3600.0
-    env: dict[str, str] = field(default_factory=dict)
-    cwd: Path | None = None
 
 
 @dataclass

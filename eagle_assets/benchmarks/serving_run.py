@@ -19,10 +19,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from eagle_assets.benchmarks.acceptance import AcceptanceTally
 from eagle_assets.benchmarks.formatting import Render, prompt_ids
 from eagle_assets.benchmarks.prompt_sets import Conversation
 from eagle_assets.errors import EngineError
+from resources.serving.acceptance import AcceptanceTally
 
 
 class AnswersEngine(Protocol):

@@ -21,7 +21,7 @@ from typing import Any
 
 import aiohttp
 
-from eagle_assets.benchmarks.acceptance import AcceptanceTally
+from resources.serving.acceptance import AcceptanceTally
 from resources.serving.errors import EngineResponseError, ServerDiedError
 from resources.serving.sglang_meta import completion_tokens, meta_info_warnings, tally_from_meta_info
 from resources.serving.vllm_metrics import SpecDecodeCounters

@@ -20,6 +20,7 @@ import json
 import socket
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 from eagle_assets.errors import ConfigError
@@ -141,3 +142,22 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+@dataclass
+class EnginePlan:
+    """How a benchmark pass reaches its engine: servers started with ``launch``, or running at ``url``."""
+
+    engine: Engine
+    spec: SpeculativeSettings
+    draft_path: str
+    launch: LaunchSettings | None = None  # start servers with these settings; None: attach to `url`
+    url: str = ""  # the speculating server to attach to
+    baseline_url: str = ""  # a server of the same target without speculation, to attach to
+    run_baseline: bool = True
+    check_draft_path: bool = True
+    startup_timeout_s: float = 3600.0
+    health_poll_s: float = 2.0
+    request_timeout_s: float = 3600.0
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: Path | None = None

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from eagle_assets.benchmarks.acceptance import AcceptanceError, AcceptanceTally, reached_from_histogram
+from resources.serving.acceptance import AcceptanceError, AcceptanceTally, reached_from_histogram
 from resources.serving.errors import EngineResponseError
 
 

@@ -7,7 +7,7 @@ engine, v0.10/v0.11 line): counters ``vllm:spec_decode_num_drafts``, ``…_num_d
 0..num_speculative_tokens−1), all labelled ``model_name`` and ``engine`` and exposed, as
 ``prometheus_client`` writes counters, with a ``_total`` suffix. vLLM's own log line computes the mean
 acceptance length as ``1 + accepted / drafts`` and the per-position rate as ``per_pos / drafts``;
-so does :mod:`eagle_assets.benchmarks.acceptance`. Series of every ``engine`` (data-parallel ranks)
+so does :mod:`resources.serving.acceptance`. Series of every ``engine`` (data-parallel ranks)
 are summed.
 
 The counters are global: a delta is this benchmark's only if nothing else used the server between
@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from eagle_assets.benchmarks.acceptance import AcceptanceError, AcceptanceTally
+from resources.serving.acceptance import AcceptanceError, AcceptanceTally
 from resources.serving.errors import EngineResponseError, SpeculationMissing
 from resources.serving.prometheus import Sample, matching, parse_metrics
 

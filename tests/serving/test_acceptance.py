@@ -4,13 +4,8 @@ import math
 
 import pytest
 
-from eagle_assets.benchmarks.acceptance import (
-    AcceptanceError,
-    AcceptanceTally,
-    reached_from_histogram,
-    sum_tallies,
-    tally_from_rounds,
-)
+from eagle_assets.benchmarks.acceptance import sum_tallies, tally_from_rounds
+from resources.serving.acceptance import AcceptanceError, AcceptanceTally, reached_from_histogram
 from resources.serving.errors import EngineResponseError, SpeculationMissing
 from resources.serving.prometheus import MetricsFormatError, matching, parse_metrics
 from resources.serving.sglang_meta import meta_info_warnings, tally_from_meta_info

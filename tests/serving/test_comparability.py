@@ -1,10 +1,10 @@
 """When a run's τ may stand beside the published ones, and the reasons shown when it may not."""
 
-from eagle_assets.benchmarks.acceptance import AcceptanceTally
 from eagle_assets.benchmarks.prompt_sets import PROMPT_SETS
 from eagle_assets.benchmarks.reference import REFERENCE_SETTINGS, comparable, published_questions
 from eagle_assets.benchmarks.results import SetResult, reference_table
 from eagle_assets.benchmarks.serving_run import RequestRecord, SetPass
+from resources.serving.acceptance import AcceptanceTally
 from resources.serving.commands import SpeculativeSettings
 
 FULL = {"mtbench": 80, "gsm8k": 500, "humaneval": 164}
