@@ -109,6 +109,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--datasets", nargs="*", help="only these datasets (default: all)")
     parser.add_argument("--stop-after", choices=["generation", "corpus", "hidden_states", "draft"], default=None)
     parser.add_argument(
+        "--target",
+        choices=["llama-tiny", "kimi-k25-tiny"],
+        default="llama-tiny",
+        help="the tiny target that answers in the simulator and is extracted, trained for and benchmarked against:"
+        " llama-tiny (fastest) or kimi-k25-tiny (Kimi K2.5's architecture: MLA, MoE, a vision wrapper)",
+    )
+    parser.add_argument(
         "--keep-simulator",
         action="store_true",
         help="leave the simulator this demo started running (for the Dagster UI); by default it is stopped",
@@ -135,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     instance = dg.DagsterInstance.get()
     configure_pools(instance)
     demo = Demo(instance, definitions.defs)
+    use_tiny_target(demo.resources, args.target)
     sim = SimulatorOwnership(demo.resources["openrouter"], keep=args.keep_simulator)
     start = time.monotonic()
 
@@ -189,6 +197,14 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"  exported draft: {layout.latest_export_dir()}/export (SGLang and vLLM)")
     return finish(demo, start, home, sim)
+
+
+def use_tiny_target(resources: dict, name: str) -> None:
+    """Point the target resource and the embedded simulator at the same tiny target (the data is its own)."""
+    target, openrouter = resources["target"], resources["openrouter"]
+    if not target.path:
+        resources["target"] = target.model_copy(update={"tiny_target": name})
+    resources["openrouter"] = openrouter.model_copy(update={"simulator_tiny_target": name})
 
 
 class SimulatorOwnership:

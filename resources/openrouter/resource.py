@@ -20,6 +20,7 @@ from pydantic import Field
 from eagle_assets.budget_mode import BudgetMode
 from eagle_assets.layout import ledger_path as default_ledger_path
 from eagle_assets.settings import current_settings
+from eagle_assets.target.tiny_targets import DEFAULT_TINY_TARGET, TinyTargetName
 from eagle_assets.tokenization.tokenizer_source import resolve_tokenizer_dir
 from resources.openrouter.client import OpenRouterClient
 from resources.openrouter.providers import (
@@ -166,6 +167,10 @@ class OpenRouterResource(ConfigurableResource):
     start_embedded_simulator: bool = Field(
         default=False, description="Start the bundled simulator at base_url (loopback only) if nothing answers there"
     )
+    simulator_tiny_target: TinyTargetName = Field(
+        default=DEFAULT_TINY_TARGET,
+        description="the tiny target the started simulator answers with: the target resource's tiny_target",
+    )
 
     # --- pieces ------------------------------------------------------------------------------
     def api_key(self) -> ApiKey:
@@ -250,4 +255,4 @@ class OpenRouterResource(ConfigurableResource):
             raise ValueError(f"start_embedded_simulator needs a loopback base_url, got {self.base_url}")
         from resources.simulator.embedded import ensure_embedded_simulator
 
-        ensure_embedded_simulator(self.base_url)
+        ensure_embedded_simulator(self.base_url, tiny_target=self.simulator_tiny_target)

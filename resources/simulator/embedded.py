@@ -26,6 +26,7 @@ from eagle_assets.durable_files import atomic_write_bytes, directory_lock
 from eagle_assets.errors import OpenRouterError, Systemic
 from eagle_assets.layout import simulator_dir
 from eagle_assets.settings import current_settings
+from eagle_assets.target.tiny_targets import DEFAULT_TINY_TARGET
 from eagle_assets.tokenization.tokenizer_source import resolve_tokenizer_dir
 
 DEMO_FLAGS = [
@@ -56,13 +57,15 @@ def is_up(base_url: str, timeout_s: float = 0.5) -> bool:
         return False
 
 
-def generator_flags() -> list[str]:
-    """Simulator flags for ``EAGLE_FORGE_SIM_GENERATOR`` (tiny-target by default)."""
+def generator_flags(tiny_target: str = DEFAULT_TINY_TARGET) -> list[str]:
+    """Simulator flags for ``EAGLE_FORGE_SIM_GENERATOR`` (tiny-target by default), answering with the tiny target
+    named (``eagle_assets.target.tiny_targets``: the one the target resource extracts from)."""
     settings = current_settings()
     if settings.sim_generator == "kimi-style":
         return []
     # Built by the child, not here: this runs in every Dagster step and must not import torch.
-    return ["--tiny-target-seed", str(settings.sim_tiny_target_seed)]
+    flags = ["--tiny-target-seed", str(settings.sim_tiny_target_seed)]
+    return flags if tiny_target == DEFAULT_TINY_TARGET else [*flags, "--tiny-target-kind", tiny_target]
 
 
 class EmbeddedSimulatorError(OpenRouterError, Systemic, RuntimeError):
@@ -105,7 +108,9 @@ def _spawn_command(port: int, gen_flags: list[str]) -> list[str]:
     ]
 
 
-def ensure_embedded_simulator(base_url: str, wait_s: float | None = None) -> int | None:
+def ensure_embedded_simulator(
+    base_url: str, wait_s: float | None = None, *, tiny_target: str = DEFAULT_TINY_TARGET
+) -> int | None:
     """Start the simulator unless it answers; returns the pid it started (None when one was already up).
 
     ``wait_s`` (default 30 s, 120 s with the tiny target) bounds a slow start only: a child that exits
@@ -116,7 +121,7 @@ def ensure_embedded_simulator(base_url: str, wait_s: float | None = None) -> int
         raise ValueError(f"the embedded simulator runs on 127.0.0.1 with an explicit port, not {base_url}")
     if is_up(base_url):
         return None
-    gen_flags = generator_flags()
+    gen_flags = generator_flags(tiny_target)
     if wait_s is None:
         wait_s = 120.0 if gen_flags else 30.0  # importing torch and loading the model take a while
     state = simulator_dir()

@@ -268,6 +268,8 @@ def test_embedded_generator_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     assert generator_flags() == ["--tiny-target-seed", "0"]
     monkeypatch.setenv("EAGLE_FORGE_SIM_TINY_TARGET_SEED", "3")
     assert generator_flags() == ["--tiny-target-seed", "3"]
+    kimi = ["--tiny-target-seed", "3", "--tiny-target-kind", "kimi-k25-tiny"]
+    assert generator_flags("kimi-k25-tiny") == kimi  # the target resource's tiny target, passed on
     monkeypatch.setenv("EAGLE_FORGE_SIM_GENERATOR", "kimi-style")
     assert generator_flags() == []
     monkeypatch.setenv("EAGLE_FORGE_SIM_GENERATOR", "gpt")
