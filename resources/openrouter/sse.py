@@ -102,6 +102,26 @@ def _picked(text: bytes) -> tuple[list[bytes], bool, bool]:
     return [text[a + 5 : b] for a, b in sorted(spans)], done, True
 
 
+def _merge_tool_call(tools: dict[int, dict[str, Any]], call: dict[str, Any]) -> None:
+    """Fold one streamed tool-call delta into its slot: the id and name arrive once, the arguments in pieces."""
+    index = int(call.get("index") or 0)
+    slot = tools.get(index)
+    if slot is None:
+        slot = tools[index] = {
+            "id": None,
+            "index": index,
+            "type": "function",
+            "function": {"name": "", "arguments": ""},
+        }
+    if call.get("id"):
+        slot["id"] = call["id"]
+    fn = call.get("function") or {}
+    if fn.get("name"):
+        slot["function"]["name"] = fn["name"]
+    if fn.get("arguments"):
+        slot["function"]["arguments"] += fn["arguments"]
+
+
 def assemble_sse(text: bytes, generation_id: str | None = None) -> AssembledStream:
     picked, done, any_data = _picked(text)
     gen_id = generation_id or generation_id_from_prefix(text)
@@ -126,22 +146,7 @@ def assemble_sse(text: bytes, generation_id: str | None = None) -> AssembledStre
         for ch in c.get("choices") or ():
             d = ch.get("delta") or {}
             for call in d.get("tool_calls") or ():
-                index = int(call.get("index") or 0)
-                slot = tools.get(index)
-                if slot is None:
-                    slot = tools[index] = {
-                        "id": None,
-                        "index": index,
-                        "type": "function",
-                        "function": {"name": "", "arguments": ""},
-                    }
-                if call.get("id"):
-                    slot["id"] = call["id"]
-                fn = call.get("function") or {}
-                if fn.get("name"):
-                    slot["function"]["name"] = fn["name"]
-                if fn.get("arguments"):
-                    slot["function"]["arguments"] += fn["arguments"]
+                _merge_tool_call(tools, call)
             if ch.get("finish_reason"):
                 finish = ch["finish_reason"]
                 native = ch.get("native_finish_reason")

@@ -239,3 +239,47 @@ def test_cycles_are_found_and_acyclic_graphs_pass():
     assert owner("eagle_assets.generation.runner.PartitionRunner", {"eagle_assets.generation.runner"}) == (
         "eagle_assets.generation.runner"
     )
+
+
+# --- no circles anywhere -----------------------------------------------------------------------------------------
+
+
+def room(module: str) -> str:
+    """The room a module lives in: a sub-package of ``eagle_assets`` or ``resources`` (``eagle_assets.generation``),
+    a top-level module of ``eagle_assets`` (``eagle_assets.layout``), or ``sensors`` as a whole."""
+    parts = module.split(".")
+    if parts[0] == "sensors" or len(parts) < 2:
+        return parts[0]
+    return ".".join(parts[:2])
+
+
+def product_graph() -> dict[str, set[str]]:
+    """Module -> the product modules it imports when it runs (type-only imports are never executed)."""
+    modules = set(map(module_name, production_files()))
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for e in production_imports():
+        target = owner(e.target, modules)
+        if target is not None and target != e.importer and not e.type_only:
+            graph[e.importer].add(target)
+    return graph
+
+
+def test_no_import_circle_among_product_modules():
+    found = cycles(product_graph())
+    assert found == [], "modules that import each other (a circle): " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_no_circle_among_rooms():
+    """Folders import one another in one direction: a circle of rooms is a circle of modules one edit away."""
+    rooms: dict[str, set[str]] = {}
+    for importer, targets in product_graph().items():
+        rooms.setdefault(room(importer), set()).update(room(t) for t in targets if room(t) != room(importer))
+    found = cycles(rooms)
+    assert found == [], "rooms that import each other: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_rooms_are_folders_top_level_modules_or_sensors():
+    assert room("eagle_assets.generation.ledger.reservations") == "eagle_assets.generation"
+    assert room("eagle_assets.layout") == "eagle_assets.layout"
+    assert room("resources.openrouter.client") == "resources.openrouter"
+    assert room("sensors.training") == "sensors"
