@@ -201,10 +201,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def use_tiny_target(resources: dict, name: str) -> None:
     """Point the target resource and the embedded simulator at the same tiny target (the data is its own)."""
+    # Rebuilt, not model_copy'd: Dagster builds a resource again from its config, which a copy leaves as it was.
     target, openrouter = resources["target"], resources["openrouter"]
     if not target.path:
-        resources["target"] = target.model_copy(update={"tiny_target": name})
-    resources["openrouter"] = openrouter.model_copy(update={"simulator_tiny_target": name})
+        resources["target"] = type(target)(**{**target.model_dump(), "tiny_target": name})
+    resources["openrouter"] = type(openrouter)(**{**openrouter.model_dump(), "simulator_tiny_target": name})
 
 
 class SimulatorOwnership:
