@@ -98,54 +98,10 @@ def hidden_states(
     progress = _progress_logger(context)
     started = time.monotonic()
     if target.backend == "hf":
-        import torch
-
-        from eagle_assets.hidden_states.extract_hf import extract_hf
-        from eagle_assets.target.loader import load_target
-
-        device = target.torch_device()
-        model = load_target(model_dir, device, torch.bfloat16 if device.type == "cuda" else torch.float32)
-        report = extract_hf(
-            model,
-            {key: samples},
-            out,
-            model_id=target.model_id(),
-            layers=target.layers(),
-            dtype=target.dtype(),
-            max_tokens_per_batch=target.max_tokens_per_batch,
-            progress=progress,
-            reserve_bytes=reserve,
-        )
-        skipped, tokens_per_s = report.shards_skipped, report.tokens_per_s
-        calibrate_partition(model, key, samples, out, target, fidelity)
-        del model
+        skipped, tokens_per_s = extract_partition_hf(key, samples, out, model_dir, target, fidelity, progress, reserve)
     else:
-        from eagle_assets.hidden_states.capture_draft import capture_draft_name, ensure_capture_draft
-        from eagle_assets.hidden_states.extract_sglang import SGLangCaptureConfig, extract_sglang
-        from eagle_assets.hidden_states.layers import resolve_aux_layers
-
-        layers = resolve_aux_layers(dims.num_layers, target.layers())
-        # SGLang captures aux layers only in EAGLE-3 mode, from a draft naming them: a zero-weight one, written once.
-        capture_draft = ensure_capture_draft(
-            capture_draft_dir(capture_draft_name(model_dir, layers)), model_dir, layers
-        )
-        sglang_config = SGLangCaptureConfig(
-            model_path=str(model_dir),
-            layers=layers,
-            tp_size=target.sglang_tp_size,
-            max_tokens_per_batch=target.max_tokens_per_batch,
-            draft_path=str(capture_draft),
-        )
-        reports = extract_sglang(
-            {key: samples},
-            out,
-            sglang_config,
-            model_id=target.model_id(),
-            dtype=target.dtype(),
-            calibration=fidelity,  # through the last pass's engine: its input log-probabilities
-        )
-        skipped = min(r.shards_skipped for r in reports.values())
-        tokens_per_s = min(r.tokens_per_s for r in reports.values())
+        n_layers = dims.num_layers
+        skipped, tokens_per_s = extract_partition_sglang(key, samples, out, model_dir, n_layers, target, fidelity)
     elapsed = time.monotonic() - started
     checked = time.monotonic()
     outcomes = check_partition(key, samples, rows["prompt_len"].to_list(), out, model_dir, target, fidelity)
@@ -166,6 +122,75 @@ def hidden_states(
             "seconds": dg.MetadataValue.float(round(elapsed, 2)),
         },
     )
+
+
+def extract_partition_hf(
+    key: str,
+    samples: list[dict[str, Any]],
+    out: Path,
+    model_dir: Path,
+    target: TargetModelResource,
+    fidelity: FidelityConfig,
+    progress: Any,
+    reserve: int,
+) -> tuple[int, float]:
+    """The store through the Hugging Face model in this process, then its calibration: (shards skipped, tokens/s)."""
+    import torch
+
+    from eagle_assets.hidden_states.extract_hf import extract_hf
+    from eagle_assets.target.loader import load_target
+
+    device = target.torch_device()
+    model = load_target(model_dir, device, torch.bfloat16 if device.type == "cuda" else torch.float32)
+    report = extract_hf(
+        model,
+        {key: samples},
+        out,
+        model_id=target.model_id(),
+        layers=target.layers(),
+        dtype=target.dtype(),
+        max_tokens_per_batch=target.max_tokens_per_batch,
+        progress=progress,
+        reserve_bytes=reserve,
+    )
+    calibrate_partition(model, key, samples, out, target, fidelity)
+    del model
+    return report.shards_skipped, report.tokens_per_s
+
+
+def extract_partition_sglang(
+    key: str,
+    samples: list[dict[str, Any]],
+    out: Path,
+    model_dir: Path,
+    num_layers: int,
+    target: TargetModelResource,
+    fidelity: FidelityConfig,
+) -> tuple[int, float]:
+    """The store through SGLang's two passes, calibrated by the last pass's engine: (shards skipped, tokens/s)."""
+    from eagle_assets.hidden_states.capture_draft import capture_draft_name, ensure_capture_draft
+    from eagle_assets.hidden_states.extract_sglang import SGLangCaptureConfig, extract_sglang
+    from eagle_assets.hidden_states.layers import resolve_aux_layers
+
+    layers = resolve_aux_layers(num_layers, target.layers())
+    # SGLang captures aux layers only in EAGLE-3 mode, from a draft naming them: a zero-weight one, written once.
+    capture_draft = ensure_capture_draft(capture_draft_dir(capture_draft_name(model_dir, layers)), model_dir, layers)
+    sglang_config = SGLangCaptureConfig(
+        model_path=str(model_dir),
+        layers=layers,
+        tp_size=target.sglang_tp_size,
+        max_tokens_per_batch=target.max_tokens_per_batch,
+        draft_path=str(capture_draft),
+    )
+    reports = extract_sglang(
+        {key: samples},
+        out,
+        sglang_config,
+        model_id=target.model_id(),
+        dtype=target.dtype(),
+        calibration=fidelity,  # through the last pass's engine: its input log-probabilities
+    )
+    return min(r.shards_skipped for r in reports.values()), min(r.tokens_per_s for r in reports.values())
 
 
 def calibrate_partition(
