@@ -39,12 +39,11 @@ tests need no up-casting; load it in bf16 when speed matters.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -55,6 +54,8 @@ import torch
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 from eagle_assets.durable_files import discard_staged, publish_directory, stage_directory
+from eagle_assets.target.loader import load_target as load_target  # re-exported: the one loader, for old callers
+from eagle_assets.target.loader import quiet_transformers
 
 KIMI_VOCAB_SIZE = 163_840
 KIMI_BOS_ID = 163_584  # [BOS]
@@ -131,12 +132,13 @@ def _init_weights(model: LlamaForCausalLM, spec: TinyTargetSpec) -> None:
 
 
 @torch.no_grad()
-def _restrict_output(model: LlamaForCausalLM) -> None:
-    from eagle_assets.tokenization.tokenizer_source import resolve_tokenizer_dir
+def restrict_output(model: Any) -> None:
+    """Zero the ``lm_head`` rows outside ``tokenization.safe_vocab`` (see the module doc)."""
     from eagle_assets.tokenization.kimi_tokenizer import load_kimi_tokenizer
     from eagle_assets.tokenization.safe_vocab import safe_token_ids
+    from eagle_assets.tokenization.tokenizer_source import resolve_tokenizer_dir
 
-    keep = torch.zeros(model.config.vocab_size, dtype=torch.bool)
+    keep = torch.zeros(model.lm_head.weight.shape[0], dtype=torch.bool)
     keep[list(safe_token_ids(load_kimi_tokenizer(resolve_tokenizer_dir())))] = True
     model.lm_head.weight[~keep] = 0.0
 
@@ -148,25 +150,11 @@ def make_tiny_target(spec: TinyTargetSpec | None = None) -> LlamaForCausalLM:
     model = LlamaForCausalLM(config)
     _init_weights(model, spec)
     if spec.text_safe_output:
-        _restrict_output(model)
+        restrict_output(model)
     model.generation_config = GenerationConfig(
         bos_token_id=KIMI_BOS_ID, eos_token_id=KIMI_EOS_ID, pad_token_id=KIMI_PAD_ID, do_sample=False
     )
     return model.eval()
-
-
-@contextlib.contextmanager
-def _quiet_transformers() -> Iterator[None]:
-    # save/load print per-file progress bars; a 1-file tiny model only adds noise to demo and test logs.
-    from transformers.utils import logging as hf_logging
-
-    was_enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            hf_logging.enable_progress_bar()
 
 
 def tiny_model_id(seed: int = 0) -> str:
@@ -174,7 +162,7 @@ def tiny_model_id(seed: int = 0) -> str:
     return f"eagle-forge/tiny-kimi-seed{seed}"
 
 
-def _is_complete(path: Path, spec: TinyTargetSpec) -> bool:
+def _is_complete(path: Path, fingerprint: str) -> bool:
     marker = path / COMPLETE_MARKER
     if not marker.is_file() or not (path / "config.json").is_file():
         return False
@@ -182,53 +170,50 @@ def _is_complete(path: Path, spec: TinyTargetSpec) -> bool:
         recorded = json.loads(marker.read_text())
     except (OSError, json.JSONDecodeError):
         return False
-    if recorded.get("fingerprint") != spec.fingerprint():
+    if recorded.get("fingerprint") != fingerprint:
         return False
     files = recorded.get("files", {})
     # Sizes catch a truncated copy; the marker is written last, so a crash leaves no marker.
     return bool(files) and all((path / f).is_file() and (path / f).stat().st_size == n for f, n in files.items())
 
 
-def build_tiny_target(path: str | Path, seed: int = 0, spec: TinyTargetSpec | None = None) -> Path:
-    """Save the tiny target to ``path`` (safetensors) unless a complete copy with the same spec is there.
+def publish_tiny_model(path: str | Path, spec: Any, make: Callable[[], torch.nn.Module]) -> Path:
+    """Save ``make()`` to ``path`` (safetensors) unless a complete copy built from the same ``spec`` is there.
 
+    ``spec`` is a dataclass with a ``fingerprint()``, recorded with the file sizes in ``COMPLETE_MARKER``.
     Published as a new version of ``path`` (``durable_files.stage_directory``/``publish_directory``), so
     ``path`` always resolves to a whole model, a crash never leaves a half-written one there, and a process
     still loading the previous model keeps it. Concurrent builders each build their own copy; one that
     finds a complete model published meanwhile discards its copy.
     """
-    spec = spec or TinyTargetSpec(seed=seed)
-    if spec.seed != seed and seed != 0:
-        raise ValueError("pass the seed either as `seed` or inside `spec`, not both")
     # Only the parent is resolved: ``path`` itself is the published link, never one version behind it.
     path = Path(path).expanduser()
     path = path.parent.resolve() / path.name
-    if _is_complete(path, spec):
+    fingerprint = spec.fingerprint()
+    if _is_complete(path, fingerprint):
         return path
     staged = stage_directory(path)
     try:
-        model = make_tiny_target(spec)
-        with _quiet_transformers():
+        model: Any = make()
+        with quiet_transformers():
             model.save_pretrained(staged, safe_serialization=True)
         files = {p.name: p.stat().st_size for p in staged.iterdir() if p.is_file()}
         (staged / COMPLETE_MARKER).write_text(
-            json.dumps({"fingerprint": spec.fingerprint(), "spec": asdict(spec), "files": files}, indent=2)
+            json.dumps({"fingerprint": fingerprint, "spec": asdict(spec), "files": files}, indent=2)
         )
-        if not _is_complete(path, spec):  # else someone else finished first
+        if not _is_complete(path, fingerprint):  # else someone else finished first
             publish_directory(path, staged)
     finally:
         discard_staged(staged)
     return path
 
 
-def load_target(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> Any:
-    """Load a (tiny or real) local HF causal LM in eval mode; never touches the network."""
-    from transformers import AutoModelForCausalLM
-
-    with _quiet_transformers():
-        # Held as a Module: transformers' ``@wraps(nn.Module.to)`` hides from mypy that its ``to`` is a method.
-        model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(Path(path), dtype=dtype, local_files_only=True)
-    return model.to(device).eval()
+def build_tiny_target(path: str | Path, seed: int = 0, spec: TinyTargetSpec | None = None) -> Path:
+    """Save the tiny target to ``path`` unless a complete copy with the same spec is there (``publish_tiny_model``)."""
+    spec = spec or TinyTargetSpec(seed=seed)
+    if spec.seed != seed and seed != 0:
+        raise ValueError("pass the seed either as `seed` or inside `spec`, not both")
+    return publish_tiny_model(path, spec, lambda: make_tiny_target(spec))
 
 
 @torch.inference_mode()
