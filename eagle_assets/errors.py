@@ -62,6 +62,7 @@ The hierarchy (``*`` marks classes defined in the modules named, not here)::
     │   ├── ConfigError                 (see above: every setting error)
     │   ├── TokenizerFilesError         (see below)
     │   ├── TokenizerIntegrityError     (see below)
+    │   ├── TargetLoadError             (see below)
     │   ├── OpenRouterHTTPError         (see below)
     │   ├── NoAllowedProviderError      (see below)
     │   ├── EmbeddedSimulatorError      (see below)
@@ -77,6 +78,7 @@ The hierarchy (``*`` marks classes defined in the modules named, not here)::
     │   ├── TokenizerFilesError *       eagle_assets/tokenization/tokenizer_source.py
     │   ├── TokenizerIntegrityError *   eagle_assets/tokenization/tokenizer_source.py
     │   ├── ChatEncodingError *         eagle_assets/tokenization/chat_encoding.py
+    │   ├── TargetLoadError *           eagle_assets/target/loader.py (also Systemic)
     │   ├── ToolDeclarationError *      eagle_assets/tokenization/tool_declaration.py
     │   ├── SGLangResponseError *       eagle_assets/hidden_states/sglang_wire.py
     │   ├── CalibrationResponseError *  eagle_assets/hidden_states/calibration_sglang.py
