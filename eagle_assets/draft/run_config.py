@@ -104,12 +104,28 @@ class StoreData(_Section):
     max_length: int | None = Field(default=None, description="truncate samples (None: never)")
 
 
+DEFAULT_ONLINE_STREAM = "eagle_assets.hidden_states.online_features:online_stream"
+
+
 class TokensData(_Section):
-    """Token rows (JSON lines); the target computes the features online."""
+    """Token rows (JSON lines); the target computes the features online, through the extraction's per-batch
+    function (``backend``), a bounded prefetch queue and the fidelity gate (``eagle_assets/draft/online_stream.py``).
+    """
 
     kind: Literal["tokens"]
     path: str
     max_length: int | None = Field(default=None, description="truncate samples (None: never)")
+    backend: Literal["hf", "sglang"] = Field(
+        default="hf", description="hf: the target in this process; sglang: the SGLang extraction's engines"
+    )
+    feature_dtype: DType = Field(
+        default="bfloat16", description="features rounded to this dtype, as the offline store keeps them"
+    )
+    prefetch: int = Field(default=2, ge=1, description="global batches of features computed ahead (bounded)")
+    fidelity: bool = Field(default=True, description="the three fidelity checks on the first batches, before step 1")
+    fidelity_config: dict[str, Any] = Field(default_factory=dict, description="FidelityConfig fields")
+    sglang: dict[str, Any] = Field(default_factory=dict, description="SGLangCaptureConfig fields (backend sglang)")
+    stream: str = Field(default=DEFAULT_ONLINE_STREAM, description="module:function building the stream")
 
 
 class SyntheticData(_Section):

@@ -16,8 +16,9 @@ Design choices that make runs reproducible and comparable:
   Every rank reads the checkpoint on resume, so ``checkpoint_dir`` must be on a disk all ranks share.
 - **bf16 autocast on CUDA only**; fp32 master weights, fp32 softmax/loss. CPU runs stay fp32 so that
   exactness tests are meaningful.
-- **Online mode**: pass ``features(input_ids) -> (aux, last)`` and a dataset of token rows; the
-  target runs inside the training step (under ``no_grad``) instead of reading a store.
+- **Online mode**: pass ``stream`` (``online_stream.OnlineFeatureStream``: the extraction's per-batch function,
+  a bounded prefetch thread, a fidelity gate before the first step) and a dataset of token rows; or, simpler
+  and synchronous, ``features(input_ids) -> (aux, last)``, run inside the training step under ``no_grad``.
 
 The metrics callback runs on rank 0 after every optimizer step with globally reduced numbers.
 """
@@ -47,6 +48,7 @@ from eagle_assets.draft.checkpoint import (
 )
 from eagle_assets.draft.data import RowDataset, collate, global_batch_indices, local_slice, steps_per_epoch
 from eagle_assets.draft.model import Eagle3Draft
+from eagle_assets.draft.online_stream import OnlineFeatureStream
 from eagle_assets.draft.run_config import TrainConfig
 from eagle_assets.draft.ttt import (
     HeadFn,
@@ -149,6 +151,7 @@ class Trainer:
         config: TrainConfig | None = None,
         *,
         features: Features | None = None,
+        stream: OnlineFeatureStream | None = None,
         callback: Callable[[StepMetrics], None] | None = None,
         eval_dataset: RowDataset | None = None,
         eval_callback: Callable[[int, EvalMetrics], None] | None = None,
@@ -161,7 +164,9 @@ class Trainer:
         self.device = torch.device(device)
         self.model = model.to(self.device)
         self.dataset, self.eval_dataset = dataset, eval_dataset
-        self.target_head, self.features = target_head, features
+        self.target_head, self.features, self.stream = target_head, features, stream
+        if stream is not None:
+            stream.row = self._row  # the stream reads rows as this trainer does (max_length truncation)
         self.callback, self.eval_callback = callback, eval_callback
         cfg = self.config
         self.attn_impl = resolve_attn_impl(cfg.attn_impl, self.device)
@@ -196,16 +201,20 @@ class Trainer:
             row = {k: (v[:n] if torch.is_tensor(v) and v.ndim >= 1 else v) for k, v in row.items()}
         return row
 
-    def _micro_batches(self) -> list[dict[str, torch.Tensor]]:
+    def micro_batch_rows(self, epoch: int, batch_index: int) -> list[list[int]]:
+        """This rank's dataset rows of each micro-batch of global batch ``batch_index`` of ``epoch``."""
         cfg = self.config
-        indices = global_batch_indices(
-            len(self.dataset), self.global_batch, cfg.seed, self.epoch, self.batch_index, cfg.shuffle
-        )
-        batches = []
-        for m in range(cfg.grad_accum):
-            rows = local_slice(indices, self.dist.rank, self.dist.world_size, m, cfg.batch_size)
-            batches.append(collate([self._row(i) for i in rows], cfg.pad_id))
-        return batches
+        indices = global_batch_indices(len(self.dataset), self.global_batch, cfg.seed, epoch, batch_index, cfg.shuffle)
+        return [
+            local_slice(indices, self.dist.rank, self.dist.world_size, m, cfg.batch_size) for m in range(cfg.grad_accum)
+        ]
+
+    def _micro_batches(self) -> list[dict[str, torch.Tensor]]:
+        if self.stream is not None:  # online: the rows' features computed ahead by the target
+            position, remaining = (self.epoch, self.batch_index), self.total_steps - self.global_step
+            return self.stream.take(self.micro_batch_rows, position, remaining, self.steps_per_epoch).batches
+        rows = self.micro_batch_rows(self.epoch, self.batch_index)
+        return [collate([self._row(i) for i in micro], self.config.pad_id) for micro in rows]
 
     def _advance(self) -> None:
         self.batch_index += 1
@@ -305,15 +314,19 @@ class Trainer:
         """Run to ``total_steps`` (or stop once ``global_step == stop_after``, as an interruption would)."""
         cfg = self.config
         history: list[StepMetrics] = []
-        while self.global_step < self.total_steps and (stop_after is None or self.global_step < stop_after):
-            metrics = self.train_step()
-            history.append(metrics)
-            if self.callback is not None and self.dist.is_main:
-                self.callback(metrics)
-            if self.eval_dataset is not None and cfg.eval_every and self.global_step % cfg.eval_every == 0:
-                self._eval_and_keep_best()
-            if cfg.checkpoint_dir and cfg.checkpoint_every and self.global_step % cfg.checkpoint_every == 0:
-                self.save_checkpoint()
+        try:
+            while self.global_step < self.total_steps and (stop_after is None or self.global_step < stop_after):
+                metrics = self.train_step()
+                history.append(metrics)
+                if self.callback is not None and self.dist.is_main:
+                    self.callback(metrics)
+                if self.eval_dataset is not None and cfg.eval_every and self.global_step % cfg.eval_every == 0:
+                    self._eval_and_keep_best()
+                if cfg.checkpoint_dir and cfg.checkpoint_every and self.global_step % cfg.checkpoint_every == 0:
+                    self.save_checkpoint()
+        finally:
+            if self.stream is not None:
+                self.stream.close()  # the producer thread stops; a later train() starts it again where it stands
         # Decided from in-memory state, not the filesystem: every rank must take the same branch
         # (saving is collective) even where ranks do not share a disk.
         if cfg.checkpoint_dir and self.global_step == self.total_steps and self._saved_step != self.global_step:

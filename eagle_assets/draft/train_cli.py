@@ -14,7 +14,9 @@ The config (JSON, or YAML by suffix) names everything a run needs, so the same f
       "embeddings": {"kind": "target" | "synthetic" | "random", "seed": 1},   # not the target's: exported
       "vocab": {"kind": "from_data" | "identity" | "file", "path": "...", "force_ids": [163586]},
       "data": {"kind": "store", "path": "/data/hs", "reader": "module:Class", "max_length": 4096}
-            | {"kind": "tokens", "path": "rows.jsonl"}          # online: the target computes features
+            | {"kind": "tokens", "path": "rows.jsonl", "backend": "hf" | "sglang", "prefetch": 2}
+                                                         # online: the extraction's per-batch function, prefetched,
+                                                         # the fidelity checks on the first batches (online_stream.py)
             | {"kind": "synthetic", "n_samples": 64, "length": [12, 24], "seed": 0},
       "train": {...TrainConfig fields...},
       "output_dir": "runs/x",                      # checkpoints/, metrics.jsonl, export/
@@ -44,8 +46,16 @@ from eagle_assets.draft import distributed as du
 from eagle_assets.draft.data import RowDataset, StoreDataset, SyntheticDataset, TokenDataset
 from eagle_assets.draft.export import export_draft
 from eagle_assets.draft.model import Eagle3Config, Eagle3Draft
-from eagle_assets.draft.run_config import DraftRunConfig, StoreData, SyntheticData, VocabSpec, load_config
-from eagle_assets.draft.target import HFTargetFeatures, hf_target_head, load_target_embeddings, load_target_head
+from eagle_assets.draft.online_stream import OnlineFeatureStream
+from eagle_assets.draft.run_config import (
+    DraftRunConfig,
+    StoreData,
+    SyntheticData,
+    TokensData,
+    VocabSpec,
+    load_config,
+)
+from eagle_assets.draft.target import TargetHead, load_target_embeddings, load_target_head
 from eagle_assets.draft.train import StepMetrics, Trainer
 from eagle_assets.draft.vocab import DraftVocab, vocab_from_samples
 
@@ -124,6 +134,34 @@ def _vocab(spec: VocabSpec, dataset: RowDataset, config: Eagle3Config) -> DraftV
     return vocab_from_samples(rows, config.target_vocab_size, config.draft_vocab_size, spec.force_ids)
 
 
+def _online(
+    cfg: DraftRunConfig, data: TokensData, config: Eagle3Config, dataset: TokenDataset, device: torch.device
+) -> tuple[OnlineFeatureStream, torch.nn.Module, torch.Tensor | None]:
+    """The online stream (resolved by name: the extraction's per-batch function lives in ``hidden_states``), the
+    target's head and, when the target runs here, its embedding matrix."""
+    model, embed = None, None
+    if data.backend == "hf":
+        model = _load_hf_target(_target_path(cfg), _DTYPES[cfg.target.dtype], device)
+        weight = model.get_input_embeddings().weight
+        assert isinstance(weight, torch.Tensor)  # a Parameter; a Module's attributes are typed Tensor | Module
+        # its own modules, with the final norm for a pre-norm last state (as a pre-norm store is read)
+        head, embed = TargetHead.from_model(model, cfg.target.last_kind), weight.detach().float().cpu()
+    else:  # the target runs in its engines: only its head here
+        head = load_target_head(_target_path(cfg), cfg.target.last_kind).to(device)
+    scratch = cfg.out / "online-scratch" if cfg.out is not None else None
+    stream = _resolve(data.stream)(
+        data,
+        target=cfg.target,
+        layer_ids=config.aux_layer_ids,
+        dataset=dataset,
+        head=head,
+        model=model,
+        device=device,
+        scratch_root=scratch,
+    )
+    return stream, head, embed
+
+
 def build(
     cfg: DraftRunConfig | Mapping[str, Any],
     device: torch.device | None = None,
@@ -140,6 +178,7 @@ def build(
         tc = tc.model_copy(update={"checkpoint_dir": str(out / "checkpoints")})
 
     features = None
+    stream: OnlineFeatureStream | None = None
     dataset: RowDataset
     head: torch.nn.Module
     embed: torch.Tensor | None = None  # the target's embedding matrix, when the data source has it at hand
@@ -160,11 +199,7 @@ def build(
     else:
         rows = [json.loads(line) for line in Path(data.path).read_text().splitlines() if line.strip()]
         dataset = TokenDataset(rows, max_length=data.max_length)
-        model = _load_hf_target(_target_path(cfg), _DTYPES[target.dtype], device)
-        features = HFTargetFeatures(model, config.aux_layer_ids)
-        weight = model.get_input_embeddings().weight
-        assert isinstance(weight, torch.Tensor)  # a Parameter; a Module's attributes are typed Tensor | Module
-        head, embed = hf_target_head(model), weight.detach().float().cpu()
+        stream, head, embed = _online(cfg, data, config, dataset, device)
 
     kind = cfg.embeddings_kind
     if kind == "random":
@@ -202,7 +237,7 @@ def build(
         out.mkdir(parents=True, exist_ok=True)
     if hasattr(head, "to"):
         head = head.to(device)
-    return Trainer(draft, dataset, head, tc, features=features, callback=callback, device=device)
+    return Trainer(draft, dataset, head, tc, features=features, stream=stream, callback=callback, device=device)
 
 
 def run(

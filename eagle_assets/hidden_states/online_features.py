@@ -1,0 +1,210 @@
+"""Which per-batch function an online run's stream calls: the extraction's own, in process or through SGLang.
+
+Online and offline features are the same numbers by construction because they come from the same function:
+
+- ``hf``: ``HFFeatureExtractor.__call__`` (``extract_hf.py``) over the target loaded beside the draft, with the
+  store's dtype, the store's last kind and the store's layers; the fidelity gate calibrates with the model itself
+  (``calibration.calibrate_shard``).
+- ``sglang``: ``SGLangEngineClient.__call__`` (``extract_sglang.py``), the same request as the extraction, once
+  per pass: the ``aux`` engine (EAGLE-3 capture mode, from the zero-weight capture draft) and the ``last`` engine;
+  one engine cannot return both (``docs/sglang-hidden-states.md``), so an online SGLang run keeps two engines up,
+  on separate GPUs, beside the trainer. The gate calibrates through the ``last`` engine's input log-probabilities
+  (``calibration_sglang.calibrate_shard_engine``).
+
+``online_stream`` is what ``train_cli`` resolves by name (``TokensData.stream``), so that the draft package never
+imports this one (``eagle_assets.hidden_states`` uses ``eagle_assets.draft``, not the reverse).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from eagle_assets.draft.data import Row
+from eagle_assets.draft.online_stream import OnlineFeatureStream
+from eagle_assets.draft.run_config import TargetSpec, TokensData
+from eagle_assets.hidden_states.fidelity import ShardCalibration
+from eagle_assets.hidden_states.fidelity_spec import FidelityConfig
+from eagle_assets.hidden_states.layers import AuxLayers
+from eagle_assets.hidden_states.online_fidelity import StreamFidelityGate
+from eagle_assets.hidden_states.pipeline import BatchFn
+from eagle_assets.hidden_states.samples import HiddenStateSample
+from eagle_assets.hidden_states.store_format import StoreMeta, dtype_from_name
+from eagle_assets.target.architecture import read_target_dims
+
+EngineFactory = Callable[[str, dict[str, Any]], Any]  # (role, sglang.Engine kwargs) -> an engine
+
+
+def row_samples(rows: Sequence[Row], indices: Sequence[int]) -> list[HiddenStateSample]:
+    """Training rows as the extraction sees its samples (a row's id is its dataset index)."""
+    return [
+        HiddenStateSample(f"row-{i}", r["input_ids"].tolist(), r["loss_mask"].to(torch.int64).tolist())
+        for r, i in zip(rows, indices, strict=True)
+    ]
+
+
+class ExtractionFeatures:
+    """``RowFeatures`` over an extraction ``BatchFn``: the rows become samples, the samples' features come back."""
+
+    def __init__(self, batch_fn: BatchFn):
+        self.batch_fn = batch_fn
+
+    def __call__(self, rows: Sequence[Row], indices: Sequence[int]) -> list[dict[str, torch.Tensor]]:
+        return self.batch_fn(row_samples(rows, indices))
+
+    def close(self) -> None:
+        close = getattr(self.batch_fn, "close", None)
+        if callable(close):
+            close()
+
+
+class JoinedPasses:
+    """A ``BatchFn`` giving both features from the two SGLang passes' clients (one role each), request by request
+    as the extraction sends them."""
+
+    def __init__(self, aux: BatchFn, last: BatchFn):
+        self.aux, self.last = aux, last
+
+    def __call__(self, batch: Sequence[HiddenStateSample]) -> list[dict[str, torch.Tensor]]:
+        return [{**a, **b} for a, b in zip(self.aux(batch), self.last(batch), strict=True)]
+
+    def close(self) -> None:
+        for client in (self.aux, self.last):
+            close = getattr(client, "close", None)
+            if callable(close):
+                close()
+
+
+def hf_features(
+    model: Any, layers: AuxLayers, *, store_dtype: torch.dtype, last_kind: str, config: FidelityConfig | None = None
+) -> tuple[BatchFn, Callable[[Sequence[HiddenStateSample], str, str], ShardCalibration]]:
+    """The in-process extraction's per-batch function and the calibration the offline HF path records."""
+    from eagle_assets.hidden_states.calibration import calibrate_shard
+    from eagle_assets.hidden_states.extract_hf import HFFeatureExtractor
+
+    extractor = HFFeatureExtractor(model, layers, last_kind=last_kind, out_dtype=store_dtype)
+
+    def calibrate(samples: Sequence[HiddenStateSample], shard: str, key: str) -> ShardCalibration:
+        return calibrate_shard(
+            model, samples, layers, shard=shard, key=key, store_dtype=store_dtype, last_kind=last_kind, config=config
+        )
+
+    return extractor, calibrate
+
+
+def sglang_features(
+    model_path: str,
+    layers: AuxLayers,
+    head: Callable[[torch.Tensor], torch.Tensor],
+    *,
+    store_dtype: torch.dtype,
+    options: Mapping[str, Any],
+    scratch_root: Path,
+    engine_factory: EngineFactory | None = None,
+    config: FidelityConfig | None = None,
+) -> tuple[BatchFn, Callable[[Sequence[HiddenStateSample], str, str], ShardCalibration]]:
+    """Both SGLang passes' clients and the engine calibration; ``engine_factory(role, engine kwargs)`` starts an
+    engine (default: ``sglang.Engine`` on first use; tests give the stand-in)."""
+    from eagle_assets.hidden_states.calibration_sglang import calibrate_shard_engine
+    from eagle_assets.hidden_states.capture_draft import capture_draft_name, ensure_capture_draft
+    from eagle_assets.hidden_states.extract_sglang import SGLangCaptureConfig, SGLangEngineClient
+
+    opts = dict(options)
+    if not opts.get("draft_path"):
+        name = capture_draft_name(model_path, layers)
+        opts["draft_path"] = str(ensure_capture_draft(scratch_root / name, model_path, layers))
+    capture = SGLangCaptureConfig(model_path=model_path, layers=layers, **opts)
+    hidden = read_target_dims(model_path).hidden_size
+    clients = {
+        role: SGLangEngineClient(
+            capture,
+            role,
+            hidden_size=hidden,
+            engine=engine_factory(role, capture.engine_kwargs(role)) if engine_factory is not None else None,
+            out_dtype=store_dtype,
+        )
+        for role in ("aux", "last")
+    }
+    compute_dtype = {"float32": torch.float32, "float16": torch.float16}.get(capture.dtype, torch.bfloat16)
+
+    def calibrate(samples: Sequence[HiddenStateSample], shard: str, key: str) -> ShardCalibration:
+        return calibrate_shard_engine(
+            clients["last"].engine.generate,
+            samples,
+            layers,
+            head,
+            shard=shard,
+            key=key,
+            hidden_size=hidden,
+            store_dtype=store_dtype,
+            compute_dtype=compute_dtype,
+            config=config,
+        )
+
+    return JoinedPasses(clients["aux"], clients["last"]), calibrate
+
+
+def online_stream(
+    spec: TokensData,
+    *,
+    target: TargetSpec,
+    layer_ids: Sequence[int],
+    dataset: Any,
+    head: Callable[[torch.Tensor], torch.Tensor],
+    model: Any = None,
+    device: torch.device | str = "cpu",
+    scratch_root: str | Path | None = None,
+    engine_factory: EngineFactory | None = None,
+    batch_fn: BatchFn | None = None,
+) -> OnlineFeatureStream:
+    """The stream of an online run (``train_cli``'s tokens data): per-batch function, prefetch depth, gate.
+
+    ``batch_fn`` replaces the backend's per-batch function (tests give the broken producers of the fidelity tests:
+    the gate must stop them); the gate's calibration still comes from the backend.
+    """
+    if not target.path:
+        raise ValueError("online features need target.path")
+    dims = read_target_dims(target.path)
+    layers = AuxLayers(tuple(layer_ids), dims.num_layers)
+    store_dtype = dtype_from_name(spec.feature_dtype)
+    fidelity = FidelityConfig(**spec.fidelity_config)
+    root = Path(scratch_root) if scratch_root is not None else Path(spec.path).parent / "online-scratch"
+    if spec.backend == "hf":
+        if model is None:
+            raise ValueError("the hf backend needs the target loaded in this process")
+        produce, calibrate = hf_features(
+            model, layers, store_dtype=store_dtype, last_kind=target.last_kind, config=fidelity
+        )
+    else:
+        if target.last_kind != "post_norm":
+            raise ValueError("SGLang returns the post-norm last state only (target.last_kind 'post_norm')")
+        produce, calibrate = sglang_features(
+            target.path,
+            layers,
+            head,
+            store_dtype=store_dtype,
+            options=spec.sglang,
+            scratch_root=root,
+            engine_factory=engine_factory,
+            config=fidelity,
+        )
+    gate = None
+    if spec.fidelity:
+        meta = StoreMeta(
+            model_id=target.path,
+            hidden_size=dims.hidden_size,
+            layers=layers,
+            dtype=store_dtype,
+            last_kind=target.last_kind,
+        )
+        gate = StreamFidelityGate(meta, calibrate, head, config=fidelity, scratch_root=root, device=device)
+    return OnlineFeatureStream(
+        dataset,
+        ExtractionFeatures(batch_fn or produce),
+        depth=spec.prefetch,
+        gate=gate,
+        gate_rows=fidelity.calibration_samples,
+    )

@@ -1,0 +1,124 @@
+"""The fidelity gate of an online run: the three blocking checks on the first batches of the feature stream.
+
+Offline, a store is checked after its extraction and training refuses a store that failed. Online there is no
+store to check, so the same checks run on the stream itself, before the first optimizer step: the features of the
+stream's first batches (``gate_rows`` rows, at least the calibration's samples) are written as a one-shard
+scratch store, the target is run in full on them (``calibration.py`` in process, ``calibration_sglang.py``
+through the engine), and ``run_fidelity_checks`` holds the one to the other. The checks, their thresholds and
+their messages are the offline ones; the partition is named ``online`` (``hidden_states online shard-00000:
+aux_layers FAILED: slot high claims layer 4 but is nearest to layer 5``).
+
+The scratch store is a few samples (for Kimi K2.5, 4 samples of 4k tokens: about 1 GB), lives in the run's own
+folder (never under ``hidden_states/``) and is removed as soon as the checks have run, pass or fail.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from eagle_assets.corpus.outcome import CheckOutcome
+from eagle_assets.draft.online_stream import Prefetched
+from eagle_assets.errors import TargetError
+from eagle_assets.hidden_states.fidelity import Calibration, ShardCalibration, write_calibration
+from eagle_assets.hidden_states.fidelity_checks import CorpusShard, run_fidelity_checks
+from eagle_assets.hidden_states.fidelity_spec import FidelityConfig
+from eagle_assets.hidden_states.pipeline import run_extraction
+from eagle_assets.hidden_states.samples import HiddenStateSample
+from eagle_assets.hidden_states.store_format import StoreMeta, dtype_name
+
+ONLINE_PARTITION = "online"
+SCRATCH_SHARD = "shard-00000"
+
+Calibrate = Callable[[Sequence[HiddenStateSample], str, str], ShardCalibration]  # (samples, shard, key)
+
+
+class OnlineFidelityError(TargetError, RuntimeError):
+    """The online feature stream failed a fidelity check: the run stopped before its first optimizer step."""
+
+
+def stream_samples(first: Sequence[Prefetched]) -> tuple[list[HiddenStateSample], list[dict[str, torch.Tensor]]]:
+    """The rows of the stream's first batches, each once (by dataset index), with its own unpadded features."""
+    samples, feats, seen = [], [], set()
+    for item in first:
+        for rows, batch in zip(item.rows, item.batches, strict=True):
+            for b, index in enumerate(rows):
+                if index in seen:
+                    continue
+                seen.add(index)
+                n = int(batch["lengths"][b])
+                ids, mask = batch["input_ids"][b, :n], batch["loss_mask"][b, :n]
+                samples.append(HiddenStateSample(f"row-{index}", ids.tolist(), mask.to(torch.int64).tolist()))
+                feats.append({"aux": batch["aux"][b, :n], "last": batch["last"][b, :n]})
+    return samples, feats
+
+
+def prompt_length(sample: HiddenStateSample) -> int:
+    """Where the response starts: the first masked token (a training row's mask is the response's)."""
+    mask = list(sample.loss_mask)
+    return mask.index(1) if 1 in mask else len(mask)
+
+
+class StreamFidelityGate:
+    """``gate(first batches)`` for ``OnlineFeatureStream``: the three checks, or ``OnlineFidelityError``."""
+
+    def __init__(
+        self,
+        meta: StoreMeta,
+        calibrate: Calibrate,
+        head: Callable[[torch.Tensor], torch.Tensor],
+        *,
+        config: FidelityConfig | None = None,
+        scratch_root: str | Path | None = None,
+        device: torch.device | str = "cpu",
+    ):
+        self.meta, self.calibrate, self.head = meta, calibrate, head
+        self.config = config or FidelityConfig()
+        self.scratch_root = Path(scratch_root) if scratch_root is not None else None
+        self.device = device
+        self.outcomes: list[CheckOutcome] = []
+
+    def __call__(self, first: Sequence[Prefetched]) -> dict[str, Any]:
+        samples, feats = stream_samples(first)
+        by_id = {s.sample_id: f for s, f in zip(samples, feats, strict=True)}
+
+        def replay(batch: Sequence[HiddenStateSample]) -> list[dict[str, torch.Tensor]]:
+            return [{k: v.to(self.meta.dtype) for k, v in by_id[s.sample_id].items()} for s in batch]
+
+        if self.scratch_root is not None:
+            self.scratch_root.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(prefix="online-fidelity-", dir=self.scratch_root))
+        try:
+            run_extraction({ONLINE_PARTITION: samples}, scratch, self.meta, replay, check_space=False)
+            record = self.calibrate(samples, SCRATCH_SHARD, ONLINE_PARTITION)
+            calibration = Calibration(
+                self.meta.model_id,
+                dtype_name(self.meta.dtype),
+                self.meta.last_kind,
+                self.config,
+                {SCRATCH_SHARD: record},
+            )
+            write_calibration(scratch, calibration)
+            corpus = CorpusShard(ONLINE_PARTITION, samples, [prompt_length(s) for s in samples])
+            self.outcomes = run_fidelity_checks(
+                scratch, [corpus], self.head, partition=ONLINE_PARTITION, device=self.device, config=self.config
+            )
+            scratch_bytes = sum(p.stat().st_size for p in scratch.rglob("*") if p.is_file())
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        failed = [o for o in self.outcomes if not o.passed]
+        if failed:
+            raise OnlineFidelityError(
+                f"the online feature stream failed {len(failed)} fidelity check(s) on its first {len(samples)} rows, "
+                "before the first optimizer step: " + " | ".join(o.summary for o in failed)
+            )
+        return {
+            "fidelity": {o.name: o.summary for o in self.outcomes},
+            "fidelity_rows": len(samples),
+            "fidelity_scratch_bytes": scratch_bytes,
+        }
