@@ -2,9 +2,13 @@
 # Run the test suite (sets up .venv first if needed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ -x .venv/bin/pytest ] && [ -x .venv/bin/mypy ] || bash scripts/setup.sh  # a .venv from before mypy: add it
+# A .venv from before mypy or pytest-xdist: add them.
+[ -x .venv/bin/pytest ] && [ -x .venv/bin/mypy ] && .venv/bin/python -c "import xdist" 2>/dev/null || bash scripts/setup.sh
 . .venv/bin/activate
 ruff check .
 ruff format --check .  # one formatting, so diffs show changes and not style
 mypy  # the packages configured in pyproject.toml ([tool.mypy])
-python -m pytest -q "$@"
+# On pytest-xdist workers: much of the suite waits on subprocesses, servers and sockets, so 4 workers beat the
+# 2 cores they share (tests/conftest.py groups module-shared fixtures and deals slow tests first).
+# EAGLE_FORGE_TEST_WORKERS=0 runs in one process; arguments after the script's name go to pytest.
+python -m pytest -q -n "${EAGLE_FORGE_TEST_WORKERS:-4}" --dist loadgroup "$@"

@@ -6,6 +6,10 @@ each test gets a database of its own, dropped afterwards.
 The session's ``EAGLE_FORGE_HOME`` is a temporary folder of its own (tests that need another set theirs): code
 that takes a lease or writes state without being given a home would otherwise write into the checkout's (or the
 user's) ``.eagle_forge``, and a test must leave nothing behind.
+
+``scripts/test.sh`` runs the suite on pytest-xdist workers (``-n 4 --dist loadgroup``): each worker is a process
+of its own, so each has its own session home, PostgreSQL server (its own data folder and socket) and session
+fixtures; simulators and servers take free ports. See ``pytest_collection_modifyitems`` for how work is dealt.
 """
 
 import os
@@ -20,6 +24,33 @@ from resources.postgres.local_server import LocalPostgres, start_local_postgres
 
 _SESSION_HOME = Path(tempfile.mkdtemp(prefix="eagle-forge-tests-home-"))
 os.environ["EAGLE_FORGE_HOME"] = str(_SESSION_HOME)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the groups into work units
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On xdist workers only (a plain ``pytest`` keeps the file order):
+
+    - the tests of a module that share a module-scoped fixture (a trained draft, a ``dagster dev``, a simulator)
+      form one work unit, so one worker builds it once instead of every worker building its own;
+    - ``slow`` tests (and the units that hold one) are dealt first, so no worker starts a minute-long test
+      when the others are done.
+
+    Every worker sorts the same collection the same way, as xdist requires.
+    """
+    if not hasattr(config, "workerinput"):
+        return
+    for item in items:
+        fixturedefs = getattr(item, "_fixtureinfo", None)
+        defs = fixturedefs.name2fixturedefs.values() if fixturedefs is not None else ()
+        if any(d and d[-1].scope == "module" for d in defs):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+    def group(item: pytest.Item) -> str | None:
+        mark = item.get_closest_marker("xdist_group")
+        return str(mark.args[0]) if mark is not None and mark.args else None
+
+    slow_groups = {group(i) for i in items if i.get_closest_marker("slow")} - {None}
+    items.sort(key=lambda i: 0 if i.get_closest_marker("slow") or group(i) in slow_groups else 1)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
