@@ -143,7 +143,12 @@ def sync(device: torch.device) -> None:
 # 1. The tiny target
 
 
-def build_target(work: Path, safe_output: bool) -> Path:
+def build_target(work: Path, safe_output: bool, name: str = "llama-tiny") -> Path:
+    """The tiny Llama, or the tiny Kimi K2.5 (kimi_k25 around DeepSeek-V3: MLA, MoE; ``target/tiny_kimi.py``)."""
+    if name == "kimi-k25-tiny":
+        from eagle_assets.target.tiny_kimi import TinyKimiSpec, build_tiny_kimi_target
+
+        return build_tiny_kimi_target(work / "target", spec=TinyKimiSpec(seed=0, text_safe_output=safe_output))
     from eagle_assets.target.tiny import TinyTargetSpec, build_tiny_target
 
     return build_tiny_target(work / "target", spec=TinyTargetSpec(seed=0, text_safe_output=safe_output))
@@ -257,15 +262,14 @@ def check_greedy_paths(model: Any, corpus: Corpus, report: Report) -> None:
 # 3. Hidden states, calibration, fidelity checks (hidden_states asset, HF backend)
 
 
-def extract(model: Any, corpus: Corpus, out: Path, max_tokens_per_batch: int) -> Any:
+def extract(model: Any, corpus: Corpus, out: Path, max_tokens_per_batch: int, model_id: str) -> Any:
     from eagle_assets.hidden_states.extract_hf import extract_hf
-    from eagle_assets.target.tiny import tiny_model_id
 
     return extract_hf(
         model,
         {PARTITION: corpus.samples},
         out,
-        model_id=tiny_model_id(0),
+        model_id=model_id,
         layers=None,
         dtype=torch.bfloat16,  # the target resource's default store_dtype
         max_tokens_per_batch=max_tokens_per_batch,
@@ -273,21 +277,20 @@ def extract(model: Any, corpus: Corpus, out: Path, max_tokens_per_batch: int) ->
     )
 
 
-def calibrate(model: Any, corpus: Corpus, store_dir: Path) -> None:
+def calibrate(model: Any, corpus: Corpus, store_dir: Path, model_id: str) -> None:
     """``assets/hidden_states.calibrate_partition``: the target run in full on the shard's calibration samples."""
     from eagle_assets.hidden_states.calibration import calibrate_store
     from eagle_assets.hidden_states.fidelity import write_calibration
     from eagle_assets.hidden_states.fidelity_spec import FidelityConfig
     from eagle_assets.hidden_states.samples import as_sample
     from eagle_assets.hidden_states.store import HiddenStateStore
-    from eagle_assets.target.tiny import tiny_model_id
 
     store = HiddenStateStore(store_dir)
     calibration = calibrate_store(
         model,
         [(PARTITION, [as_sample(s) for s in corpus.samples])],
         store.layers,
-        model_id=tiny_model_id(0),
+        model_id=model_id,
         store_dtype=store.meta.dtype,
         last_kind=store.meta.last_kind,
         config=FidelityConfig(),
@@ -517,7 +520,7 @@ def environment(device: torch.device) -> dict[str, Any]:
 
 
 def load(model_dir: Path, device: torch.device, dtype: torch.dtype) -> Any:
-    from eagle_assets.target.tiny import load_target
+    from eagle_assets.target.loader import load_target
 
     return load_target(model_dir, device, dtype)
 
@@ -538,11 +541,14 @@ def run_all(args: argparse.Namespace, report: Report, work: Path) -> dict[str, A
         torch.zeros(1, device=device).add_(1)
         sync(device)
     with report.stage("build_target") as st:
-        model_dir = build_target(work, args.safe_output)
+        model_dir = build_target(work, args.safe_output, args.target)
         fp32 = load(model_dir, device, torch.float32)  # the data's source and the benchmark's target, as in the demo
     if not st.ok:
         return summary
-    summary["target"] = {"safe_output": args.safe_output, "path": "built in a temporary folder"}
+    from eagle_assets.target.tiny_targets import tiny_target_model_id
+
+    model_id = tiny_target_model_id(args.target, 0)
+    summary["target"] = {"name": args.target, "safe_output": args.safe_output, "path": "built in a temporary folder"}
     with report.stage("corpus") as st:
         corpus = make_corpus(fp32, sizes, device)
         sync(device)
@@ -557,11 +563,11 @@ def run_all(args: argparse.Namespace, report: Report, work: Path) -> dict[str, A
     padded, single = store_root / PARTITION, work / "hidden_states_single" / PARTITION
     with report.stage("hidden_states") as st:
         model = load(model_dir, device, compute_dtype) if compute_dtype != torch.float32 else fp32
-        rep = extract(model, corpus, padded, max_tokens_per_batch=16384)  # the target resource's default
+        rep = extract(model, corpus, padded, 16384, model_id)  # the target resource's default batch
         sync(device)
         report.log(f"    padded batches: {rep.tokens_computed} tokens in {rep.seconds:.2f}s ({rep.tokens_per_s:.0f}/s)")
         t0 = time.monotonic()
-        calibrate(model, corpus, padded)
+        calibrate(model, corpus, padded, model_id)
         sync(device)
         calibration_s = time.monotonic() - t0
         t0 = time.monotonic()
@@ -574,7 +580,7 @@ def run_all(args: argparse.Namespace, report: Report, work: Path) -> dict[str, A
             "padded": report_fidelity(report, outcomes, "padded", counts=True),
         }
         # Diagnostic: the same store one sample per batch (no padding), against the same calibration.
-        extract(model, corpus, single, max_tokens_per_batch=1)
+        extract(model, corpus, single, 1, model_id)
         shutil.copy2(padded / "fidelity_calibration.json", single / "fidelity_calibration.json")
         outcomes = fidelity(corpus, single, model_dir, device)
         summary["hidden_states"]["one_sample_per_batch"] = report_fidelity(report, outcomes, "unpadded", counts=False)
@@ -614,20 +620,11 @@ def run_all(args: argparse.Namespace, report: Report, work: Path) -> dict[str, A
     return summary
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", required=True, type=Path, help="device_check.json and device_check.log go here")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--train-steps", type=int, default=0, help="0: 300 on CUDA, 40 on CPU")
-    parser.add_argument("--samples", type=int, default=0, help="training samples; 0: 256 on CUDA, 48 on CPU")
-    parser.add_argument("--safe-output", action="store_true", help="the demo's target (needs tiktoken)")
-    parser.add_argument("--work", type=Path, default=None, help="keep the target, stores and draft here")
-    args = parser.parse_args(argv)
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        parser.error("--device cuda but torch sees no GPU")
-    args.out.mkdir(parents=True, exist_ok=True)
-    report = Report(args.out)
-    work = args.work or Path(tempfile.mkdtemp(prefix="device_check-"))
+def check_target(args: argparse.Namespace, out: Path) -> bool:
+    """The whole path on ``args.target``; writes ``device_check.json``/``.log`` under ``out``; True when all passed."""
+    out.mkdir(parents=True, exist_ok=True)
+    report = Report(out)
+    work = args.work / args.target if args.work else Path(tempfile.mkdtemp(prefix="device_check-"))
     work.mkdir(parents=True, exist_ok=True)
     summary: dict[str, Any] = {}
     try:
@@ -635,7 +632,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)
-        wall = time.monotonic() - STARTED
+        wall = time.monotonic() - report.started
         failed = report.failed
         if not report.checks:
             failed = ["nothing was checked"]
@@ -649,11 +646,36 @@ def main(argv: Sequence[str] | None = None) -> int:
             **summary,
             "third_party_modules": third_party_modules(),
         }
-        (args.out / "device_check.json").write_text(json.dumps(doc, indent=2, default=str))
+        (out / "device_check.json").write_text(json.dumps(doc, indent=2, default=str))
         report.log(f"third-party modules loaded: {', '.join(doc['third_party_modules'])}")
         report.log(f"wall time {wall:.1f}s; " + ("ALL PASSED" if not failed else f"FAILED: {', '.join(failed)}"))
         report.file.close()
-    return 0 if not failed else 1
+    return not failed
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, type=Path, help="device_check.json and device_check.log go here")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--train-steps", type=int, default=0, help="0: 300 on CUDA, 40 on CPU")
+    parser.add_argument("--samples", type=int, default=0, help="training samples; 0: 256 on CUDA, 48 on CPU")
+    parser.add_argument("--safe-output", action="store_true", help="the demo's target (needs tiktoken)")
+    parser.add_argument("--work", type=Path, default=None, help="keep the target, stores and draft here")
+    parser.add_argument(
+        "--targets",
+        nargs="+",
+        choices=["llama-tiny", "kimi-k25-tiny"],
+        default=["llama-tiny", "kimi-k25-tiny"],
+        help="the tiny targets to check, in turn: the Llama's results in --out, each other's in --out/<name>",
+    )
+    args = parser.parse_args(argv)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error("--device cuda but torch sees no GPU")
+    passed = True
+    for name in args.targets:
+        args.target = name
+        passed = check_target(args, args.out if name == "llama-tiny" else args.out / name) and passed
+    return 0 if passed else 1
 
 
 if __name__ == "__main__":
