@@ -111,11 +111,6 @@ class DatasetSpec:
     def row_order(self, rows: int) -> RowOrder:
         return RowOrder(rows, self.seed, shuffled=self.order == "shuffled")
 
-    def shard_range(self, shard_key: str) -> tuple[int, int]:
-        """Positions of the shard in the asking order (rows ``row_order(n).row(p)`` for p in the range)."""
-        i = int(shard_key)
-        return i * self.shard_size, (i + 1) * self.shard_size
-
 
 def config_path() -> Path:
     return current_settings().datasets or DEFAULT_CONFIG
@@ -247,10 +242,3 @@ def load_datasets(path: Path | None = None) -> dict[str, DatasetSpec]:
             seed=_positive_int(merged.get("seed", 0), f"{where}.seed", allow_zero=True),
         )
     return specs
-
-
-def get_dataset(name: str, specs: dict[str, DatasetSpec] | None = None) -> DatasetSpec:
-    specs = specs if specs is not None else load_datasets()
-    if name not in specs:
-        raise DatasetConfigError(f"unknown dataset {name!r}; configured: {', '.join(specs)}")
-    return specs[name]

@@ -18,7 +18,7 @@ Folder writers take it through ``folder_lease.exclusive``. The table (``partitio
 
 import time
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Self
 
 from eagle_assets.errors import GenerationError, LeaseLost
 from eagle_assets.generation.liveness import why_dead
@@ -98,7 +98,7 @@ class DatabaseLease:
             f" holding it since {stamp}, heartbeat {now - busy.heartbeat:.1f} s ago"
         )
 
-    def acquire(self) -> "DatabaseLease":
+    def acquire(self) -> Self:
         deadline = time.monotonic() + self.wait_s
         first_beat: tuple[str, float] | None = None
         while (found := self._try_take()) is not None:
@@ -135,7 +135,7 @@ class DatabaseLease:
         self.ledger.db.retrying(give_back, idempotent=True, what=f"release of {self.what}")
         self.token = None
 
-    def __enter__(self) -> "DatabaseLease":
+    def __enter__(self) -> Self:
         return self.acquire()
 
     def __exit__(self, *exc: object) -> None:

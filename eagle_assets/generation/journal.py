@@ -20,8 +20,8 @@ from typing import Any, Protocol
 
 import orjson
 
-from eagle_assets.settings import current_settings
 from eagle_assets.errors import GenerationError
+from eagle_assets.settings import current_settings
 
 log = logging.getLogger(__name__)
 

@@ -1,17 +1,10 @@
-"""One writer per partition across hosts: a lease in the ledger's database, checked before every append.
+"""One writer per partition across hosts: the named lease of ``database_lease`` (the partition key is its name).
 
-``flock`` on the journal file keeps two runs on one machine apart, but NFS does not always honour it
-(``nolock`` or ``local_lock`` mounts make it per client). So the journal is also fenced by the database, with
-the named lease of ``database_lease`` (the partition key is its name):
-
-- a run takes the partition's lease before it opens the journal (before it even truncates a torn tail);
-  the lease is held by its ledger owner, so it lives exactly as long as that owner's heartbeat;
-- each take-over bumps the partition's *fencing token*; before every append the writer checks, in the
-  database, that its token is still the partition's and that its owner lease has time left, and refuses
-  to write otherwise (``FenceLostError``): a run that was declared dead never appends after a successor began;
-- a second run finds the lease held: if the holder is in this pid space and alive, or its heartbeat moves
-  while we watch, it fails at once (``PartitionBusyError``) naming the holder; if the heartbeat stands still,
-  it waits for the lease to expire (a SIGKILLed host), charges what the dead holder had open, and takes over.
+A run takes it before it opens the journal (before it even truncates a torn tail) and checks it before every append
+(``FenceLostError``: a run that was declared dead never appends after a successor began). A second run fails at once
+(``PartitionBusyError``) while the holder is alive in this pid space or its heartbeat moves while we watch; if the
+heartbeat stands still, it waits for the lease to expire (a SIGKILLed host), charges what the dead holder had open,
+and takes over.
 
 What remains assumed: that a writer is not paused for longer than the safety margin (a third of the lease)
 between its check and its write. No file system offers more without its own fencing.
@@ -44,11 +37,3 @@ class PartitionFence(DatabaseLease):
 
     def __init__(self, ledger: "OwnersRole", partition: str, wait_s: float | None = None) -> None:
         super().__init__(ledger, partition, what=f"partition {partition}", wait_s=wait_s, wait_for_live=False)
-        self.partition = partition
-
-    def acquire(self) -> "PartitionFence":
-        super().acquire()
-        return self
-
-    def __enter__(self) -> "PartitionFence":
-        return self.acquire()

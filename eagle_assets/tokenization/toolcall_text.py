@@ -18,7 +18,6 @@ SECTION_END = "<|tool_calls_section_end|>"
 CALL_BEGIN = "<|tool_call_begin|>"
 ARGUMENT_BEGIN = "<|tool_call_argument_begin|>"
 CALL_END = "<|tool_call_end|>"
-TOOL_MARKERS = (SECTION_BEGIN, SECTION_END, CALL_BEGIN, ARGUMENT_BEGIN, CALL_END)
 
 # Singular spellings appear in the wild (vLLM accepts them); they map to the real special tokens.
 _SECTION_BEGIN_ALIASES = (SECTION_BEGIN, "<|tool_call_section_begin|>")

@@ -91,9 +91,6 @@ class ProviderPolicy:
                 return False, f"lacks {', '.join(missing)} (require_parameters)"
         return True, "yes"
 
-    def allows(self, ep: Endpoint) -> bool:
-        return self.verdict(ep)[0]
-
 
 def _price(value: Any) -> float:
     try:

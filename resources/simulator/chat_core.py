@@ -323,21 +323,13 @@ class ChatCore:
         if seconds > 0:
             await asyncio.sleep(seconds)
 
-    async def _sleep_with_padding(self, resp: web.StreamResponse, seconds: float) -> None:
-        """Wait, sending a newline now and then as OpenRouter pads a non-streaming body being generated."""
+    async def _sleep_writing(self, resp: web.StreamResponse, seconds: float, filler: bytes) -> None:
+        """Wait, sending ``filler`` now and then as OpenRouter does while it generates: a newline padding a
+        non-streaming body, a ``PROCESSING`` comment in a stream."""
         interval = self.config.processing_comment_interval_s
         while seconds > 0:
             step = min(interval, seconds)
             await asyncio.sleep(step)
             seconds -= step
             if seconds > 0:
-                await resp.write(b"\n")
-
-    async def _sleep_with_comments(self, resp: web.StreamResponse, seconds: float) -> None:
-        interval = self.config.processing_comment_interval_s
-        while seconds > 0:
-            step = min(interval, seconds)
-            await asyncio.sleep(step)
-            seconds -= step
-            if seconds > 0:
-                await resp.write(PROCESSING)
+                await resp.write(filler)

@@ -65,7 +65,7 @@ class PlainAnswer(ChatCore):
             if self.config.plain_head_first and fault not in _WHOLE_ANSWERS:
                 resp = web.StreamResponse(headers={"Content-Type": JSON, **self._id_header(attempt.gen_id)})
                 await resp.prepare(request)
-                await self._sleep_with_padding(resp, delay)
+                await self._sleep_writing(resp, delay, b"\n")
             elif delay > 0:
                 await asyncio.sleep(delay)
         except (asyncio.CancelledError, ConnectionError):

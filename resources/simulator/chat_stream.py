@@ -124,7 +124,7 @@ class StreamAnswer(ChatCore):
             await resp.write(PROCESSING)
         if fault == "stall":
             await asyncio.sleep(self.state.faults.stall_seconds)
-        await self._sleep_with_comments(resp, seconds)
+        await self._sleep_writing(resp, seconds, PROCESSING)
 
     async def _stream_deltas(
         self,

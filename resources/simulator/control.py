@@ -16,7 +16,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -164,7 +164,6 @@ class SimulatorProcess:
 
     proc: subprocess.Popen[str]
     base_url: str
-    stderr_tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=200))
 
     @property
     def root_url(self) -> str:
@@ -273,7 +272,7 @@ def spawn_simulator_process(
             why = "exited before it was ready"
             break
         if line.startswith("SIMULATOR_URL="):
-            return SimulatorProcess(proc, line.strip().split("=", 1)[1], tail)
+            return SimulatorProcess(proc, line.strip().split("=", 1)[1])
     if proc.poll() is None:
         proc.kill()
     proc.wait()
