@@ -1,11 +1,8 @@
 """Partition runs through the OpenRouter resource: its configuration turned into the engine's settings, the
 ledger and the tokenizer opened, the runner started; and the account's money and the providers' own counts.
 
-The resource is a client (configuration, the key, the provider policy, an HTTP client), as in Dagster's
-example projects; running partitions is generation logic, so it lives here and takes the resource as an
-argument. Imports then go one way, from ``eagle_assets.generation`` to ``resources.openrouter``
-(``tests/packaging/test_import_direction.py``). The assets, the plan and the credits sensor call these
-functions with the resource Dagster gave them.
+Generation logic that takes the resource as an argument (why: ``resources.openrouter.resource``). The assets, the
+plan and the credits sensor call these functions with the resource Dagster gave them.
 """
 
 import asyncio

@@ -12,11 +12,7 @@ and handed to ``on_generation_id`` as soon as the head is in, so that a caller c
 before the answer (or a crash) comes. Older responses had no such header, so the client also keeps
 what it takes to find the id otherwise: the bytes read so far when a body is cut off (real bodies
 begin with ``{"id":"gen-…"``), and the first chunk of a stream. With ``"stream": true`` in the payload the
-answer goes through ``stream_transport`` (a lean HTTP/1.1 reader: aiohttp's per-chunk work would
-cost many times a plain request at OpenRouter's chunk density) and is reassembled by ``sse``; a
-stream with no data event for ``idle_timeout_s`` (silence, or only ``: OPENROUTER PROCESSING``
-comments) is abandoned as ``stalled``, and ``stream_read_interval_s`` is how long reading pauses
-so that chunks are taken several at a time.
+answer goes through ``stream_transport`` (why: its docstring) and is reassembled by ``sse``.
 """
 
 import time

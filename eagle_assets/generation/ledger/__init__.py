@@ -3,41 +3,16 @@
 Dagster runs each step in its own process, so in-memory counters cannot hold a budget. These are tables every
 generation step opens: a SQLite file, the embedded default, or a PostgreSQL database shared by several hosts.
 A request is admitted only after it is *reserved* here; the actual cost *settles* it. What a reservation holds
-is decided by ``admission`` from everything open on the ledger, across processes and restarts:
+(``hard``: its worst case; ``statistical``, the default: its share of ``n·μ + z·σ·√n``) and why the budget then
+holds is ``admission``'s to say; the ledger keeps what that needs across processes and restarts (every open
+reservation, an admission number per dataset, the answers of completed cohorts) and the account-wide in-flight cap,
+leased in slots (``lease_slots``) so that ``max_in_flight`` is one number for the whole account.
 
-- ``hard`` reservations hold their worst case (prompt + ``max_tokens`` at the dearest price), and
-  the check is ``spent + Σ worst cases ≤ budget`` — never exceeded;
-- ``statistical`` ones (the default) together hold ``n·μ + z·σ·√n`` of the dollars, from the
-  completion lengths this dataset has produced, once there are enough of them (worst case before);
-  the budget is then passed with probability below ``overspend_probability`` per run.
-
-A dataset's output-token budget is a target in the same way (``admission.token_admission``).
-
-The ledger also keeps what the statistics need: each reservation gets an admission number per
-dataset, and an answer counts only once every earlier admission of its dataset has closed (see
-``admission.cohort_moments``). And it holds the account-wide in-flight cap: processes lease slots
-(``lease_slots``), so ``max_in_flight`` is one number for the whole account, shared fairly.
-
-How it is built (one role a module; ``BudgetLedger``, below, is the one public face, assembled from the roles as
-mixins, so callers import everything from ``eagle_assets.generation.ledger``):
-
-- ``records``: the values it takes and gives (``ReservationRequest``, ``Reservation``, ``Settlement``, ``Denial``,
-  ``Totals``...) and its unit of money, integer nano-dollars;
-- ``schema``: its tables, the columns an older ledger gains, the index created once they exist;
-- ``database``: where the tables live, SQLite or PostgreSQL, and what differs between them (connecting, the
-  serialized write transaction, DDL types, the clock, a connection that breaks);
-- ``base``: the state every role reads, each method retried on a new connection (``reconnecting``), the totals;
-- ``lengths``: the completion-length statistics admission stands on;
-- ``account``: the budget and in-flight cap every host spends under, refused when they disagree;
-- ``spend``: closing reservations into spend, spend without a reservation, orphans corrected to the journal;
-- ``uncertain``: attempts charged provisionally until ``/generation`` names their cost;
-- ``owners``: who is on the ledger, their leases, and what a dead owner's open requests are charged;
-- ``reservations``: admission (what fits under the budgets), the tail's outlook, the in-flight cap's slots;
-- ``key_usage``: the ledger held against the key's own usage counter.
-
-The named leases that keep one writer per journal or folder (``partition_fence``, ``database_lease``) are held by
-the ledger's owners, outside the package: they see the ledger as an ``owners.OwnersRole``, and the ledger frees an
-owner's leases itself when the owner is gone, so that nothing here imports them but ``BudgetLedger.partition_fence``.
+``BudgetLedger``, below, is the one public face, joined as mixins from one role a module (each module's docstring
+says which), so callers import everything from ``eagle_assets.generation.ledger``. The named leases that keep one
+writer per journal or folder (``partition_fence``, ``database_lease``) are held by the ledger's owners, outside the
+package: the ledger frees a gone owner's leases itself, so that nothing here imports them but
+``BudgetLedger.partition_fence``.
 """
 
 import os

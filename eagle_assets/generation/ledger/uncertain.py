@@ -1,10 +1,8 @@
-"""Attempts whose billing is unknown (a timeout, a dropped connection, a torn body, a partial answer that
-ended in an error, an orphan whose generation id had arrived) are charged provisionally and listed in
-``uncertain`` with their generation id: OpenRouter's ``/generation`` can answer 404 for minutes, so
-they are looked up later, by any process (``eagle_assets.generation.settlement`` decides when), and
-the provisional charge is replaced by the actual cost (``resolve_uncertain``) or kept for good
-(``write_off_uncertain``). Also what an orphan is charged depends on: whether its request went out
-(``mark_sent``), and the generation its response head named (``note_generation_ids``)."""
+"""Attempts whose billing is unknown, charged provisionally and listed in ``uncertain`` with their generation id
+until any process looks them up (why and when: ``eagle_assets.generation.settlement``): the charge is then replaced
+by the actual cost (``resolve_uncertain``) or kept for good (``write_off_uncertain``). Also what an orphan is charged
+depends on: whether its request went out (``mark_sent``), and the generation its response head named
+(``note_generation_ids``)."""
 
 from collections.abc import Iterable, Sequence
 from typing import Any

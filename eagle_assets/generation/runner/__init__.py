@@ -14,20 +14,9 @@ and each worker takes the next prompt as soon as its answer is handled, in the s
 wave of 2000 answers is therefore not followed by 2000 semaphore releases, task creations and loop
 passes before the next requests go out.
 
-Where each decision lives (each part is a class the next one builds on; ``PartitionRunner`` joins them):
-
-- ``job``: what a run is given (``GenerationSettings``, ``PartitionJob``, the ``ChatClient`` it asks) and what it
-  returns (``PartitionReport``).
-- ``core``: the run's shared state, and its cost model: what a prompt reserves in the ledger, what its request says.
-- ``stops``: why admission stops (a budget, the credits, a fatal error), whether another batch is worth a round trip
-  at the wall, and the stop reason the report ends with.
-- ``progress``: the key's cap polled, the progress line, the account's money handed to ``observe``.
-- ``skips``: which skips are held, journaled or dropped; the request-wide breaker's verdict.
-- ``commits``: the group commit (journal fsync, then the ledger's settlements) and the every_turn turns it releases.
-- ``attempts``: one prompt's attempts: send, classify, record (keep, skip, charge until settled, retry, or stop).
-- ``dispatch``: admission and waves: how many prompts are worked on at once, reserving ahead of the workers, the
-  wall, waiting on other runs.
-- ``loop``: the partition's run from the journal's opening to its report, and the settlements before and after.
+Each decision lives in a module of its own (each a class the next one builds on, from ``job`` and ``core`` through
+``stops``, ``progress``, ``skips``, ``commits``, ``attempts`` and ``dispatch`` to ``loop``; each module's docstring says
+which); ``PartitionRunner`` joins them.
 """
 
 from eagle_assets.generation.runner.job import (
