@@ -321,10 +321,20 @@ class Eagle3Draft(nn.Module):
         self, hidden: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor, attend: Attend
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One draft step: (hidden [B,T,H], ids [B,T], positions [T] or [B,T]) → (next hidden, draft logits)."""
+        out = self.step_hidden(hidden, input_ids, positions, attend)
+        return out, self.logits(out)
+
+    def step_hidden(
+        self, hidden: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor, attend: Attend
+    ) -> torch.Tensor:
+        """``step`` without the head: the next hidden state only (training computes logits where a loss reads them)."""
         emb = self.embed_tokens(input_ids).to(hidden.dtype)
         cos, sin = self.rope(positions, hidden.dtype)
-        out = self.midlayer(emb, hidden, cos, sin, attend)
-        return out, self.lm_head(self.norm(out))
+        return self.midlayer(emb, hidden, cos, sin, attend)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits of step outputs ([..., H] → [..., N])."""
+        return self.lm_head(self.norm(hidden))
 
     def checkpoint_state_dict(self) -> dict[str, torch.Tensor]:
         """Everything that is trained or identifies the vocabulary; the frozen embedding only if configured."""

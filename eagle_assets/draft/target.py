@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from eagle_assets.draft.model import RMSNorm
@@ -100,6 +101,10 @@ def hf_target_head(model: PreTrainedModel) -> nn.Module:
     return model.get_output_embeddings()
 
 
+# A head's non-zero rows: their ids, the rows, the first all-zero id, and id → index among them (-1: a zero row).
+LiveRows = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
 class TargetHead(nn.Module):
     """``logits = lm_head(last)`` (post-norm store) or ``lm_head(norm(last))`` (pre-norm store), frozen.
 
@@ -107,6 +112,8 @@ class TargetHead(nn.Module):
     are computed at the head's precision; ``from_model`` shares the loaded model's own modules instead, for exactly
     the arithmetic of its forward.
     """
+
+    _live_cache: tuple[tuple[Any, ...], LiveRows | None] | None = None
 
     def __init__(self, lm_head_weight: torch.Tensor, *, norm: nn.Module | None = None, last_kind: str = "post_norm"):
         super().__init__()
@@ -133,6 +140,52 @@ class TargetHead(nn.Module):
     def forward(self, last: torch.Tensor) -> torch.Tensor:
         h = self.norm(last) if self.norm is not None else last
         return self.lm_head(h.to(self.lm_head.weight.dtype))
+
+    @torch.no_grad()
+    def top_and_columns(self, last: torch.Tensor, columns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(argmax over the vocabulary, logits[:, columns] as fp32)`` of ``forward(last)``, without the rows of the
+        head that are all zero: their logit is exactly 0, so the argmax is the live rows' unless their best is
+        below 0 (then the first zero row; at 0, the lower id, as ``argmax`` takes the first maximum). A head
+        without such rows (or with a bias) computes every logit as ``forward`` does. The tiny target's head is
+        78% zero rows (it speaks only plain words), and the head over the full vocabulary was most of a CPU
+        training step."""
+        live = self._live_rows()
+        if live is None:
+            logits = self(last).float()
+            return logits.argmax(-1), logits[:, columns]
+        rows, weight, first_zero, where = live
+        h = self.norm(last) if self.norm is not None else last
+        part = F.linear(h.to(weight.dtype), weight).float()
+        best, at = part.max(-1)
+        top = rows[at]
+        zero_wins = (best < 0) | ((best == 0) & (first_zero < top))
+        top = torch.where(zero_wins, first_zero, top)
+        pick = where[columns]
+        out = part.new_zeros(part.shape[0], columns.numel())
+        kept = pick >= 0
+        out[:, kept] = part[:, pick[kept]]
+        return top, out
+
+    def _live_rows(self) -> LiveRows | None:
+        """(ids of the non-zero rows, those rows, the first all-zero id, id → index among them or -1); None when
+        skipping rows would not pay (under a quarter of them zero) or the head has a bias. Kept per weight tensor."""
+        w = self.lm_head.weight
+        key = (w.data_ptr(), w.device, w.dtype, tuple(w.shape))
+        cached = getattr(self, "_live_cache", None)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        found = None
+        if getattr(self.lm_head, "bias", None) is None:
+            nonzero = (w != 0).any(dim=1)
+            n_zero = int((~nonzero).sum())
+            if n_zero * 4 >= w.shape[0]:
+                rows = nonzero.nonzero().squeeze(1)
+                first_zero = (~nonzero).nonzero()[0, 0]
+                where = torch.full((w.shape[0],), -1, dtype=torch.long, device=w.device)
+                where[rows] = torch.arange(rows.numel(), device=w.device)
+                found = (rows, w[rows].contiguous(), first_zero, where)
+        self._live_cache = (key, found)
+        return found
 
 
 def target_logits(last: torch.Tensor, head: TargetHead) -> torch.Tensor:

@@ -146,10 +146,15 @@ def target_distribution(
         if param is not None and param.is_floating_point():
             flat = flat.to(param.dtype)
     probs, tops = [], []
+    top_and_columns = getattr(target_head, "top_and_columns", None)  # target.TargetHead: skips all-zero head rows
     for i in range(0, flat.shape[0], chunk_tokens):
-        logits = target_head(flat[i : i + chunk_tokens]).float()
-        tops.append(logits.argmax(-1))
-        probs.append(torch.softmax(logits[:, used_ids], dim=-1))
+        if top_and_columns is not None:
+            top_i, used = top_and_columns(flat[i : i + chunk_tokens], used_ids)
+        else:
+            logits = target_head(flat[i : i + chunk_tokens]).float()
+            top_i, used = logits.argmax(-1), logits[:, used_ids]
+        tops.append(top_i)
+        probs.append(torch.softmax(used, dim=-1))
     p = torch.cat(probs) if probs else last.new_zeros(0, n, dtype=torch.float32)
     top = torch.cat(tops) if tops else torch.zeros(0, dtype=torch.int64, device=last.device)
     if rows is None:
@@ -218,22 +223,28 @@ def ttt_forward(
     base = torch.arange(t, device=input_ids.device)
     total = hidden.new_zeros((), dtype=torch.float32)
     loss_sums, corrects, all_logits = [], [], []
+    flat_tp, flat_top = tp.reshape(b * (t + steps), n), top.reshape(b * (t + steps))
     for k in range(steps):
         ids_k = shift_left(input_ids, 1 + k)
-        hidden, logits = model.step(hidden, ids_k, base + k, attend)
-        tp_k, top_k = tp[:, 1 + k : 1 + k + t], top[:, 1 + k : 1 + k + t]
+        hidden = model.step_hidden(hidden, ids_k, base + k, attend)
+        # The head, the softmax and the loss only at the positions the loss reads (step k at t reads t+2+k's
+        # mask): prompt and padding positions are most of a batch, and the head is vocabulary-wide. The same
+        # sums as over every position with zero weights, in another order.
         lm_k = shift_left(lm, 2 + k, False)
-        weight = lm_k & model.t2d[top_k]
+        at = lm_k.reshape(b * t).nonzero().squeeze(1)
+        src = (at // t) * (t + steps) + at % t + 1 + k  # index t+1+k of row at // t in the padded tp/top
+        top_k = flat_top[src]
+        logits = model.logits(hidden.reshape(b * t, -1)[at])
         logp = torch.log_softmax(logits.float(), dim=-1)
-        ce = -(tp_k * logp).sum(-1)
-        s = (ce * weight).sum()
+        ce = -(flat_tp[src] * logp).sum(-1)
+        s = (ce * model.t2d[top_k]).sum()
         total = total + (step_weight**k) * s / denom[k]
         with torch.no_grad():
             pred = model.to_target_ids(logits.argmax(-1))
-            corrects.append(((pred == top_k) & lm_k).sum())
+            corrects.append((pred == top_k).sum())
             loss_sums.append(s.detach())
         if return_logits:
-            all_logits.append(logits)
+            all_logits.append(model.logits(hidden))
     out = TTTOutput(
         loss=total,
         loss_sum=torch.stack(loss_sums).to(torch.float64),
