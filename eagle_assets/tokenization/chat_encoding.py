@@ -217,27 +217,7 @@ def chat_segments(
     return chunk_ordinary(split_at_specials(tokenizer, clean, spans))
 
 
-def encode_chat(
-    tokenizer: KimiTokenizer,
-    messages: Sequence[Message],
-    tools: Sequence[Any] | None = None,
-    add_generation_prompt: bool = False,
-    *,
-    chat_template: str | None = None,
-    template_vars: Mapping[str, Any] | None = None,
-    data_specials: DataSpecials = "special",
-    **kwargs: Any,
-) -> list[int]:
-    """Token ids of the rendered chat (see ``chat_segments``); with the default ``data_specials`` they are
+def encode_chat(tokenizer: KimiTokenizer, *args: Any, **kwargs: Any) -> list[int]:
+    """Token ids of the rendered chat (``chat_segments``'s arguments); with the default ``data_specials`` they are
     what the serving stack's tokenizer produces for ``render_kimi_chat(...)``."""
-    segments = chat_segments(
-        tokenizer,
-        messages,
-        tools,
-        add_generation_prompt,
-        chat_template=chat_template,
-        template_vars=template_vars,
-        data_specials=data_specials,
-        **kwargs,
-    )
-    return encode_segments(tokenizer, segments)
+    return encode_segments(tokenizer, chat_segments(tokenizer, *args, **kwargs))

@@ -215,26 +215,6 @@ def response_segments(tokenizer: KimiTokenizer, record: Any, *, normalize_tool_c
     return out
 
 
-def assistant_message(record: Any, *, normalize_tool_call_ids: bool = True) -> dict[str, Any]:
-    """The record's response as an assistant message the chat template renders identically."""
-    content = _get(record, "content")
-    structured = list(_get(record, "tool_calls") or [])
-    if structured:
-        prior = _history_tool_call_count(_get(record, "messages") or [])
-        calls = effective_tool_calls(structured, prior, normalize_ids=normalize_tool_call_ids)
-    elif (parsed := raw_tool_section(content, _get(record, "finish_reason"))) is not None:
-        content, calls = parsed.content, parsed.tool_calls
-    else:
-        calls = []
-    msg: dict[str, Any] = {"role": "assistant", "content": content}
-    reasoning = _get(record, "reasoning")
-    if reasoning:
-        msg["reasoning_content"] = reasoning
-    if calls:
-        msg["tool_calls"] = calls
-    return msg
-
-
 def prompt_segments(tokenizer: KimiTokenizer, record: Any, *, data_specials: DataSpecials = "special") -> list[Segment]:
     """The prompt exactly as the target received it: rendered with the generation prompt."""
     return chat_segments(
