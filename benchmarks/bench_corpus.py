@@ -1,7 +1,7 @@
 """Corpus throughput: DuckDB validation and the merge over a synthetic tokenized dataset (~60M tokens).
 
 Writes 8 datasets × 4 shards of tokenized partitions (sample lengths log-normal in 200–8000 tokens,
-see ``eagle_assets.corpus.synthetic``) into a temporary directory, then times:
+see ``tests.corpus.synthetic``) into a temporary directory, then times:
 
 - the tokenized validation suite (every check, each its own DuckDB connection and scan);
 - the merge (dedup, shuffle, train/eval split, shards), and its rerun (skipped: index matches).
@@ -29,8 +29,8 @@ sys.path.insert(0, str(REPO))
 
 from eagle_assets.corpus import validation as v  # noqa: E402
 from eagle_assets.corpus.merge import MergeConfig, find_partitions, merge_corpus  # noqa: E402
-from eagle_assets.corpus.synthetic import synthetic_lengths, synthetic_tokenized_table  # noqa: E402
 from eagle_assets.corpus.tokenized_schema import write_tokenized  # noqa: E402
+from tests.corpus.synthetic import synthetic_lengths, synthetic_tokenized_table  # noqa: E402
 
 PROVIDER = "moonshotai"
 

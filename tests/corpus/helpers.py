@@ -8,9 +8,9 @@ import numpy as np
 import orjson
 import polars as pl
 
-from eagle_assets.corpus.synthetic import synthetic_tokenized_table
 from eagle_assets.corpus.tokenized_schema import EOT_ID, tokenized_row, write_tokenized
 from eagle_assets.generation.records import PARQUET_SCHEMA
+from tests.corpus.synthetic import synthetic_tokenized_table
 
 PROVIDER = "moonshotai"
 ALLOWED = {"moonshotai", "groq"}

@@ -1,4 +1,4 @@
-"""Synthetic tokenized partitions with realistic shapes, for tests and the corpus benchmark.
+"""Synthetic tokenized partitions with realistic shapes, for the corpus tests and benchmark.
 
 Built with numpy straight into Arrow buffers (no Python list per token), so that tens of millions of
 tokens take seconds. Shapes follow real samples: lengths long-tailed between 200 and 8000 tokens, a

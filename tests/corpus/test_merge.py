@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from eagle_assets.corpus import validation as v
 from eagle_assets.corpus.merge import INDEX_NAME, MergeConfig, MergeResult, find_partitions, merge_corpus
-from eagle_assets.corpus.synthetic import synthetic_tokenized_table
 from eagle_assets.corpus.tokenized_schema import ARROW_SCHEMA, write_tokenized
+from tests.corpus.synthetic import synthetic_tokenized_table
 
 from .helpers import ALLOWED, tokenized_dataset
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from eagle_assets.corpus.synthetic import synthetic_tokenized_table
 from eagle_assets.corpus.tokenized_schema import write_tokenized
+from tests.corpus.synthetic import synthetic_tokenized_table
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -10,7 +10,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from eagle_assets import durable_files
-from eagle_assets.corpus.synthetic import synthetic_tokenized_table
 from eagle_assets.corpus.tokenized_schema import (
     ARROW_SCHEMA,
     EOT_ID,
@@ -19,6 +18,7 @@ from eagle_assets.corpus.tokenized_schema import (
     to_arrow,
     write_tokenized,
 )
+from tests.corpus.synthetic import synthetic_tokenized_table
 
 from .helpers import Recon, tok_row
 

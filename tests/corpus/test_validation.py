@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from eagle_assets.corpus import validation as v
-from eagle_assets.corpus.synthetic import synthetic_tokenized_table
 from eagle_assets.corpus.tokenized_schema import EOT_ID, write_tokenized
+from tests.corpus.synthetic import synthetic_tokenized_table
 
 from .helpers import (
     ALLOWED,
