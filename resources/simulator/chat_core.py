@@ -1,10 +1,8 @@
 """What every answer of ``POST /chat/completions`` shares: the prepared response, usage, latency, billing
-rules, the fault answers that come before or instead of a completion, and the drop of a connection.
-
-``chat.py`` parses and routes a request and picks its answer; ``chat_plain.py`` answers it whole and
-``chat_stream.py`` as SSE, both on top of this. It has to stay cheap per request (2000 in flight on
-two cores must measure the client, not the simulator): responses are prepared once per prompt and
-cached, JSON goes through orjson and nothing is logged per request.
+rules, the fault answers that come before or instead of a completion, and the drop of a connection (who builds
+on it: ``server``'s map). It has to stay cheap per request (2000 in flight on two cores must measure the client,
+not the simulator): responses are prepared once per prompt and cached, JSON goes through orjson and nothing is
+logged per request.
 """
 
 import asyncio
@@ -228,18 +226,6 @@ class ChatCore:
         if fault == "truncated_json" and not self.state.faults.bill_truncated_json:
             return False
         return prepared.completion_tokens > 0
-
-    def _attempt(
-        self,
-        req: ChatRequest,
-        prepared: PreparedResponse,
-        provider: ProviderEndpoint,
-        fault: str | None,
-        started: float,
-        *,
-        streamed: bool,
-    ) -> Attempt:
-        return Attempt(self._new_id(), req, prepared, provider, started, streamed, self._billable(fault, prepared))
 
     def _record(
         self,

@@ -30,7 +30,7 @@ class PlainAnswer(ChatCore):
         fault: str | None,
         started: float,
     ) -> web.StreamResponse:
-        attempt = self._attempt(req, prepared, provider, fault, started, streamed=False)
+        attempt = Attempt(self._new_id(), req, prepared, provider, started, False, self._billable(fault, prepared))
         delay = self._latency(fault)
         resp = await self._plain_wait(request, attempt, fault, delay)
         if fault == "server_error":

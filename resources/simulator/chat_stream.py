@@ -81,7 +81,7 @@ class StreamAnswer(ChatCore):
             return self._answer(
                 408, fault, error_body(408, "Request timed out upstream", {"provider_name": provider.name})
             )
-        attempt = self._attempt(req, prepared, provider, fault, started, streamed=True)
+        attempt = Attempt(self._new_id(), req, prepared, provider, started, True, self._billable(fault, prepared))
         chunks = _Chunks(attempt.gen_id, provider.name, self.config.model_permaslug)
         resp = web.StreamResponse(
             headers={
