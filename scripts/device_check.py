@@ -407,6 +407,58 @@ def train(cfg: Any, device: torch.device) -> list[Any]:
     return steps
 
 
+def online_training(
+    report: Report, cfg: Any, corpus: Corpus, work: Path, device: torch.device, offline: list[Any]
+) -> dict[str, Any]:
+    """``draft_model`` with ``features: online``: the same run from token rows, the target computing each batch's
+    features through the extraction's function (prefetched, the fidelity checks on the first rows); its losses
+    against the offline run's, and the bytes it wrote (none: no store)."""
+    from eagle_assets.draft.run_config import TokensData
+    from eagle_assets.draft.train_cli import run
+
+    rows = work / "online-rows.jsonl"
+    rows.write_text("".join(json.dumps({k: s[k] for k in ("input_ids", "loss_mask")}) + "\n" for s in corpus.samples))
+    data = {"kind": "tokens", "path": str(rows), "max_length": 512, "feature_dtype": "bfloat16"}
+    dtype = "bfloat16" if device.type == "cuda" else "float32"  # as the hidden_states asset loads the target
+    online_cfg = cfg.model_copy(
+        update={
+            "data": TokensData.model_validate(data),
+            "target": cfg.target.model_copy(update={"dtype": dtype}),
+            "output_dir": str(work / "draft-run-online"),
+        }
+    )
+    steps: list[Any] = []
+    t0 = time.monotonic()
+    trainer = run(online_cfg, device=device, on_step=steps.append)
+    sync(device)
+    assert trainer.stream is not None  # tokens data: the online stream
+    stats = trainer.stream.stats
+    n = min(50, len(steps), len(offline))
+    diffs = [abs(a.loss - b.loss) / max(abs(b.loss), 1e-9) for a, b in zip(steps[:n], offline[:n], strict=True)]
+    written = sum(
+        p.stat().st_size for p in (work / "draft-run-online").rglob("*.safetensors") if "export" not in p.parts
+    )
+    figures = {
+        "steps": len(steps),
+        "seconds": round(time.monotonic() - t0, 2),
+        "max_rel_loss_diff_first_50": max(diffs),
+        "target_tokens_per_s": round(stats.tokens_per_s, 1),
+        "waited_for_target_s": round(stats.waited_s, 2),
+        "fidelity": stats.extra.get("fidelity", {}),
+        "feature_bytes_written": written,
+    }
+    report.check(
+        Check(
+            "online_training_matches_offline",
+            max(diffs) <= 1e-2 and written == 0,
+            f"first {n} losses within {max(diffs):.2e} (relative) of offline's, target {stats.tokens_per_s:.0f} "
+            f"tokens/s, {written} feature bytes written; fidelity on the stream: passed",
+            figures,
+        )
+    )
+    return figures
+
+
 def report_training(report: Report, steps: list[Any]) -> dict[str, Any]:
     losses = [s.loss for s in steps]
     w = max(1, min(10, len(losses) // 4))
@@ -599,6 +651,8 @@ def run_all(args: argparse.Namespace, report: Report, work: Path) -> dict[str, A
         summary["draft_model"] = report_training(report, steps)
     if not st.ok:
         return summary
+    with report.stage("draft_model_online"):
+        summary["draft_model_online"] = online_training(report, cfg, corpus, work, device, steps)
     with report.stage("draft_benchmark") as st:
         result = acceptance(fp32, work / "draft-run" / "export", corpus.eval_prompts, sizes, device)
         trained = result.pop("draft")

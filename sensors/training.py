@@ -1,4 +1,5 @@
-"""When to train the draft: every hidden-state shard it needs is there, and some is newer than the last draft.
+"""When to train the draft: every hidden-state shard it needs is there, and some is newer than the last draft
+(offline), or the corpus is there and newer than the last draft (online: no stores are ever written).
 
 Pure: it sees storage ids (Dagster's monotonically increasing event ids), not the instance. The run
 key is derived from the exact set of shard materializations, so the same data never trains twice
@@ -44,3 +45,19 @@ def decide_training(
     blob = ",".join(f"{k}:{latest_by_partition[k]}" for k in sorted(needed))
     key = hashlib.blake2b(blob.encode(), digest_size=10).hexdigest()
     return TrainingDecision(True, f"{len(needed)} shards ready, newer than the last draft", f"draft-{key}")
+
+
+def decide_online_training(
+    needed: Sequence[str], corpus_storage_id: int | None, last_draft_storage_id: int | None
+) -> TrainingDecision:
+    """Online mode: the target computes the features while the draft trains, so there are no stores to wait for;
+    the corpus (its train shards) is all it needs, and a corpus newer than the last draft is a new run."""
+    if corpus_storage_id is None or not needed:
+        return TrainingDecision(False, "no train shards yet: materialize the corpus")
+    if last_draft_storage_id is not None and corpus_storage_id < last_draft_storage_id:
+        return TrainingDecision(False, "the last draft was trained after the current corpus")
+    blob = f"online:{corpus_storage_id}:" + ",".join(sorted(needed))
+    key = hashlib.blake2b(blob.encode(), digest_size=10).hexdigest()
+    return TrainingDecision(
+        True, f"corpus with {len(needed)} train shards, newer than the last draft (online: no stores)", f"draft-{key}"
+    )

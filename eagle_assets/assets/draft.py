@@ -13,11 +13,13 @@ import json
 import shutil
 import sys
 from pathlib import Path
+from typing import Literal
 
 import dagster as dg
 from pydantic import Field
 
 from eagle_assets.assets.draft_benchmark import BenchmarkConfig
+from eagle_assets.assets.draft_online import TrainInputs, features_metadata, online_inputs, tree_bytes, with_online_data
 from eagle_assets.assets.failures import fail, project_errors_fail
 from eagle_assets.assets.hidden_state_checks import fidelity_failures
 from eagle_assets.corpus.tokenized_schema import EOT_ID
@@ -58,6 +60,12 @@ class DraftTrainConfig(dg.Config, TrainKnobs):
     checkpoint_every: int = Field(default=200, ge=0, description="steps between checkpoints (0: only at the end)")
     log_every: int = Field(default=10, ge=1)
     nproc_per_node: int = Field(default=0, ge=0, description="DDP processes (0: one per visible GPU, at least one)")
+    features: Literal["offline", "online"] = Field(
+        default="offline",
+        description="offline: train on the hidden-state stores (written once, read every epoch); online: the target "
+        "computes each batch's features while the draft trains, no store (docs/draft-and-benchmark.md)",
+    )
+    online_prefetch: int = Field(default=2, ge=1, description="online: global batches of features computed ahead")
 
 
 # The defaults above are sized for a real target (Kimi: 32k draft vocabulary, long samples, many GPUs).
@@ -161,6 +169,52 @@ def draft_model(
     target: TargetModelResource,
     pipes_subprocess_client: dg.PipesSubprocessClient,
 ) -> dg.MaterializeResult:
+    online = config.features == "online"
+    inputs = online_inputs(context, target) if online else offline_inputs(context)
+    out = draft_runs_dir() / run_identity(target.model_id(), inputs.shards, config)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = train_run_config(config, target.model_dir(), inputs.keys, inputs.layers, out)
+    if online:  # the corpus's token rows; the target computes their features as the draft trains
+        cfg, inputs = with_online_data(cfg, inputs, target, out, config.max_length, config.online_prefetch)
+    (out / "run.json").write_text(cfg.model_dump_json(indent=2))
+    import torch
+
+    nproc = config.nproc_per_node or max(1, torch.cuda.device_count())
+    context.log.info(
+        f"training ({config.features} features) in {out} on {nproc} process(es): {inputs.samples} samples, "
+        f"{inputs.tokens} tokens"
+    )
+    before = tree_bytes(hidden_states_root())
+    completed = pipes_subprocess_client.run(
+        command=training_command(out / "run.json", nproc), context=context, cwd=str(REPO_ROOT)
+    )
+    written = tree_bytes(hidden_states_root()) - before
+    latest = latest_export_dir()
+    publish_export(out / "export", latest)
+    result = completed.get_materialize_result()
+    reported = dict(result.metadata or {})
+    # What the export found about how the engines will serve it (eagle_assets/draft/export.py), in the UI.
+    forge = json.loads((latest / "export" / "config.json").read_text()).get("eagle_forge", {})
+    for warning in forge.get("warnings", []):
+        context.log.warning(f"export {latest / 'export'}: {warning}")
+    return dg.MaterializeResult(
+        metadata={
+            **reported,
+            **features_metadata(config.features, written, reported),
+            "run_dir": dg.MetadataValue.path(str(out)),
+            "export": dg.MetadataValue.path(str(latest / "export")),
+            "export_warnings": dg.MetadataValue.json(forge.get("warnings", [])),
+            "embedding_served_by": dg.MetadataValue.json(forge.get("embedding_served_by", {})),
+            "train_samples": dg.MetadataValue.int(inputs.samples),
+            "train_tokens": dg.MetadataValue.int(inputs.tokens),
+            ("corpus_shards" if online else "hidden_state_shards"): dg.MetadataValue.json(inputs.shards),
+            "processes": dg.MetadataValue.int(nproc),
+        }
+    )
+
+
+def offline_inputs(context: dg.AssetExecutionContext) -> TrainInputs:
+    """Every train shard's store, materialized and through its fidelity checks: refused otherwise."""
     from eagle_assets.hidden_states.store_set import StoreSet
 
     keys = train_partitions(context.instance)
@@ -177,38 +231,8 @@ def draft_model(
         )
     with project_errors_fail("hidden-state store not usable: "):  # a StoreError: final for this run
         store = StoreSet(hidden_states_root(), partitions=keys)
-    shards = store.fingerprints()
-    out = draft_runs_dir() / run_identity(target.model_id(), shards, config)
-    out.mkdir(parents=True, exist_ok=True)
-    cfg = train_run_config(config, target.model_dir(), keys, list(store.meta.layers.hf_indices), out)
-    (out / "run.json").write_text(cfg.model_dump_json(indent=2))
-    import torch
-
-    nproc = config.nproc_per_node or max(1, torch.cuda.device_count())
-    context.log.info(f"training in {out} on {nproc} process(es): {len(store)} samples, {store.n_tokens} tokens")
-    completed = pipes_subprocess_client.run(
-        command=training_command(out / "run.json", nproc), context=context, cwd=str(REPO_ROOT)
-    )
-    latest = latest_export_dir()
-    publish_export(out / "export", latest)
-    result = completed.get_materialize_result()
-    # What the export found about how the engines will serve it (eagle_assets/draft/export.py), in the UI.
-    forge = json.loads((latest / "export" / "config.json").read_text()).get("eagle_forge", {})
-    for warning in forge.get("warnings", []):
-        context.log.warning(f"export {latest / 'export'}: {warning}")
-    return dg.MaterializeResult(
-        metadata={
-            **(result.metadata or {}),
-            "run_dir": dg.MetadataValue.path(str(out)),
-            "export": dg.MetadataValue.path(str(latest / "export")),
-            "export_warnings": dg.MetadataValue.json(forge.get("warnings", [])),
-            "embedding_served_by": dg.MetadataValue.json(forge.get("embedding_served_by", {})),
-            "train_samples": dg.MetadataValue.int(len(store)),
-            "train_tokens": dg.MetadataValue.int(store.n_tokens),
-            "hidden_state_shards": dg.MetadataValue.json(shards),
-            "processes": dg.MetadataValue.int(nproc),
-        }
-    )
+    layers = list(store.meta.layers.hf_indices)
+    return TrainInputs(keys, store.fingerprints(), layers, len(store), store.n_tokens)
 
 
 @dg.asset(

@@ -18,7 +18,7 @@ from dagster_pipes import DAGSTER_PIPES_CONTEXT_ENV_VAR, open_dagster_pipes
 
 from eagle_assets.draft import distributed as du
 from eagle_assets.draft.run_config import DraftRunConfig
-from eagle_assets.draft.train import StepMetrics
+from eagle_assets.draft.train import StepMetrics, Trainer
 from eagle_assets.draft.train_cli import main as train_cli_main
 from eagle_assets.draft.train_cli import run
 
@@ -102,9 +102,26 @@ def _train_reporting(cfg: DraftRunConfig, pipes: Any) -> None:
                 f"{m.tokens_per_s:.0f} tokens/s, lr {m.lr:.2e}"
             )
 
-    run(cfg, on_step=on_step)
+    trainer = run(cfg, on_step=on_step)
     pipes.log.info(f"exported {out / 'export'} (one folder for SGLang and vLLM)")
-    pipes.report_asset_materialization(metadata=training_metadata(read_history(out / "metrics.jsonl"), out / "export"))
+    metadata = training_metadata(read_history(out / "metrics.jsonl"), out / "export")
+    pipes.report_asset_materialization(metadata={**metadata, **online_metadata(trainer)})
+
+
+def online_metadata(trainer: Trainer) -> dict[str, Any]:
+    """An online run's target side (this process's share of it): its tokens/s, the time the trainer waited for it,
+    the fidelity checks run on the stream's first rows and the bytes of their scratch store (removed since)."""
+    stream = trainer.stream
+    if stream is None:
+        return {}
+    stats = stream.stats
+    return {
+        "target_tokens_per_s": {"raw_value": round(stats.tokens_per_s, 1), "type": "float"},
+        "target_seconds": {"raw_value": round(stats.seconds, 2), "type": "float"},
+        "waited_for_target_s": {"raw_value": round(stats.waited_s, 2), "type": "float"},
+        "online_fidelity": {"raw_value": stats.extra.get("fidelity", {}), "type": "json"},
+        "fidelity_scratch_bytes": {"raw_value": int(stats.extra.get("fidelity_scratch_bytes", 0)), "type": "int"},
+    }
 
 
 if __name__ == "__main__":

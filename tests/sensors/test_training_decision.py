@@ -25,3 +25,15 @@ def test_waits_for_the_fidelity_checks_and_says_which_failed():
     assert not d.run and "fidelity checks of 1 of 2 shards" in d.reason and f"train-00001: {why}" in d.reason
     assert decide_training(needed, latest, None, {}).run  # every check passed
     assert decide_training(needed, latest, None, {"train-00009": why}).run  # a shard training does not use
+
+
+def test_online_needs_only_the_corpus_and_keys_follow_it():
+    from sensors.training import decide_online_training
+
+    needed = ["train-00000", "train-00001"]
+    assert not decide_online_training(needed, None, None).run  # no corpus yet
+    first = decide_online_training(needed, 40, None)  # no hidden states asked for
+    assert first.run and first.run_key.startswith("draft-") and "online" in first.reason
+    assert not decide_online_training(needed, 40, 55).run  # the draft is newer than the corpus
+    again = decide_online_training(needed, 60, 55)
+    assert again.run and again.run_key != first.run_key
