@@ -1,7 +1,13 @@
 """The plan as the UI shows it: one Markdown table per question (what it costs, what is available, what fits).
 
-Rendering only; every number comes from ``plan.Plan``.
+Rendering only; every number comes from ``plan.Plan``, or for ``plan_outcome`` (the plan against what
+generation then did) from the recorded plan and the ledger.
 """
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
 from eagle_assets.generation.plan import Plan, Span
 from eagle_assets.generation.runner import format_duration
@@ -89,3 +95,58 @@ def plan_markdown(plan: Plan) -> str:
         }[plan.on_overrun]
         parts += [f"Output-token targets that fit ({what}):", table(head, targets)]
     return "\n\n".join(parts)
+
+
+@dataclass(frozen=True)
+class PlanOutcome:
+    """A recorded plan's projection for what was left against what generation then spent and produced.
+
+    What was spent when the plan was made (its pilot's answers, kept as data, or earlier runs') is apart: the
+    projection is of the rest.
+    """
+
+    projected_usd: float
+    projected_tokens: float
+    spent_usd: float
+    produced_tokens: int
+    before_usd: float
+    before_tokens: int
+
+    @property
+    def usd_error(self) -> float:
+        """spent / projected − 1 (NaN when nothing was projected)."""
+        return self.spent_usd / self.projected_usd - 1 if self.projected_usd else math.nan
+
+    @property
+    def tokens_error(self) -> float:
+        return self.produced_tokens / self.projected_tokens - 1 if self.projected_tokens else math.nan
+
+    def within(self, fraction: float) -> bool:
+        return abs(self.usd_error) <= fraction and abs(self.tokens_error) <= fraction
+
+    def lines(self) -> list[str]:
+        """The projection, then what happened; the errors when something was projected."""
+        errors = (
+            f": {100 * self.usd_error:+.1f}% dollars, {100 * self.tokens_error:+.1f}% output tokens against the plan"
+            if self.projected_usd and self.projected_tokens
+            else ""
+        )
+        return [
+            f"plan: ${self.projected_usd:.4f} and {self.projected_tokens:,.0f} output tokens projected for the rest"
+            f" (spent before it, its pilot's answers kept as data: ${self.before_usd:.4f} and {self.before_tokens:,})",
+            f"generation then spent ${self.spent_usd:.4f} and produced {self.produced_tokens:,} output tokens{errors}",
+        ]
+
+
+def plan_outcome(doc: Mapping[str, Any], totals: Mapping[str, tuple[float, int]]) -> PlanOutcome:
+    """``doc``: the recorded plan (``plan_file.read_plan``); ``totals``: dataset → (USD spent, output tokens) in the
+    ledger now, for the datasets to compare (the plan's others are left out)."""
+    rows = [d for d in doc["datasets"] if d["name"] in totals]
+    return PlanOutcome(
+        projected_usd=sum(d["usd"]["expected"] for d in rows),
+        projected_tokens=sum(d["output_tokens"]["expected"] for d in rows),
+        spent_usd=sum(totals[d["name"]][0] - d["spent_usd"] for d in rows),
+        produced_tokens=sum(totals[d["name"]][1] - d["produced_tokens"] for d in rows),
+        before_usd=sum(d["spent_usd"] for d in rows),
+        before_tokens=sum(d["produced_tokens"] for d in rows),
+    )
