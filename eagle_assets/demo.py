@@ -12,7 +12,8 @@ import argparse
 import sys
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import dagster as dg
 
@@ -21,11 +22,19 @@ from eagle_assets.errors import Systemic
 from eagle_assets.instance import configure_pools, ensure_dagster_home
 from eagle_assets.settings import EnvSettingError, check_environment
 
+if TYPE_CHECKING:
+    from eagle_assets.datasets.config import DatasetSpec
+
 # The demo prints one line per step and each failure's cause itself; Dagster's own console would repeat
 # every traceback. The run logs (with tracebacks) stay in the instance for `dagster dev`.
 QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 # Sized so that the whole demo fits in minutes on 2 CPU cores.
 CORPUS_CONFIG = {"max_samples_per_shard": 160, "eval_fraction": 0.05}
+# The plan's pilot: about one shard per dataset (16 prompts; for B5 its conversations, whole), bought by the plan
+# and kept as those partitions' data, so the plan projects the rest from the demo's own answers instead of the
+# configured prior (10x off here). It costs nothing on the simulator and little time: generation skips it after.
+PLAN_CONFIG = {"generation_plan": {"config": {"pilot_prompts": 16}}}
+PLAN_TOLERANCE = 0.10  # the demo says whether what generation spent and produced is within this of the plan
 
 
 # Not the project's errors, but systemic by nature: a run config Dagster refuses, or code that does not
@@ -67,6 +76,7 @@ class Demo:
         self.succeeded = 0
         self.last_result: dg.ExecuteInProcessResult | None = None
         self.systemic: str | None = None  # set when a failure would repeat for every partition
+        self.summary: list[str] = []  # repeated at the end: the plan against what generation then did
 
     def materialize(self, keys: Sequence[dg.AssetKey], label: str, partition: str | None = None, config=None) -> bool:
         assets = [self.defs.get_assets_def(k) for k in keys]
@@ -133,9 +143,6 @@ def main(argv: list[str] | None = None) -> int:
         CORPUS_KEY,
         DRAFT_KEY,
         HIDDEN_STATES_KEY,
-        PLAN_KEY,
-        generated_asset_key,
-        tokenized_asset_key,
     )
     from eagle_assets.shard_partitions import train_partitions
 
@@ -147,22 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.monotonic()
 
     print("1/5 generation (OpenRouter simulator) + exact token ids, per dataset × shard", flush=True)
-    # What the targets cost before anything is bought (no pilot here: the tiny target answers slowly on CPU).
-    demo.materialize([PLAN_KEY], "generation_plan", config={"generation_plan": {"config": {"pilot_prompts": 0}}})
-    if demo.systemic:
-        return finish(demo, start, home, sim)
-    for name, spec in definitions.DATASETS.items():
-        if args.datasets and name not in args.datasets:
-            continue
-        gen, tok = generated_asset_key(name), tokenized_asset_key(name)
-        done = demo.done(gen) & demo.done(tok)
-        for shard in spec.shard_keys():
-            if shard in done:
-                continue
-            demo.materialize([gen, tok], f"{name}/{shard}", partition=shard)
-            if demo.systemic:
-                return finish(demo, start, home, sim)
-    if demo.failed or args.stop_after == "generation":
+    if not generate(demo, definitions.DATASETS, args.datasets) or demo.failed or args.stop_after == "generation":
         return finish(demo, start, home, sim)
 
     print("2/5 corpus: re-validate, deduplicate, shuffle, split, shard", flush=True)
@@ -208,6 +200,49 @@ def use_tiny_target(resources: dict, name: str) -> None:
     resources["openrouter"] = type(openrouter)(**{**openrouter.model_dump(), "simulator_tiny_target": name})
 
 
+def generate(demo: Demo, datasets: Mapping[str, "DatasetSpec"], only: Sequence[str] | None) -> bool:
+    """Stage 1: the plan (its pilot buys the first shards), then generation + tokens per dataset × shard, then
+    the plan against what generation spent and produced. False: stop (a failure that would repeat)."""
+    from eagle_assets.keys import PLAN_KEY, generated_asset_key, tokenized_asset_key
+
+    demo.materialize([PLAN_KEY], "generation_plan", config=PLAN_CONFIG)
+    if demo.systemic:
+        return False
+    names = [name for name in datasets if not only or name in only]
+    for name in names:
+        gen, tok = generated_asset_key(name), tokenized_asset_key(name)
+        done = demo.done(gen) & demo.done(tok)
+        for shard in datasets[name].shard_keys():
+            if shard in done:
+                continue
+            demo.materialize([gen, tok], f"{name}/{shard}", partition=shard)
+            if demo.systemic:
+                return False
+    demo.summary = plan_against_generation(demo, names)
+    for line in demo.summary:
+        print(f"  {line}", flush=True)
+    return True
+
+
+def plan_against_generation(demo: Demo, names: Sequence[str]) -> list[str]:
+    """The recorded plan's projection beside what generation then spent and produced (from the ledger)."""
+    from eagle_assets.generation.partition_runs import open_ledger
+    from eagle_assets.generation.plan_file import read_plan
+    from eagle_assets.generation.plan_report import plan_outcome
+
+    doc = read_plan()
+    if doc is None:
+        return []
+    with open_ledger(demo.resources["openrouter"]) as ledger:
+        totals = {name: ledger.totals(name) for name in names}
+    outcome = plan_outcome(doc, {name: (t.usd_spent, t.tokens_spent) for name, t in totals.items()})
+    lines = outcome.lines()
+    if outcome.projected_usd and outcome.projected_tokens:
+        within = "within" if outcome.within(PLAN_TOLERANCE) else "NOT within"
+        lines[-1] += f" ({within} {PLAN_TOLERANCE:.0%})"
+    return lines
+
+
 class SimulatorOwnership:
     """Whether this demo started the embedded simulator, so that it stops exactly that one at the end."""
 
@@ -238,6 +273,8 @@ def finish(demo: Demo, start: float, home, sim: SimulatorOwnership) -> int:
     if demo.systemic:
         print("\nstopped early: the failure above would repeat for every partition; fix its cause and rerun")
     print(f"\nfinished in {time.monotonic() - start:.1f}s; {len(demo.failed)} failed {demo.failed or ''}")
+    for line in demo.summary:
+        print(line)
     print(f"outputs under {layout.root()}: generated/, tokenized/, corpus/, hidden_states/, draft/")
     sim.close()
     print(f"Dagster UI: DAGSTER_HOME={home} .venv/bin/dagster dev -w workspace.yaml → http://127.0.0.1:3000")
