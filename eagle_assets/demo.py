@@ -126,6 +126,13 @@ def main(argv: list[str] | None = None) -> int:
         " llama-tiny (fastest) or kimi-k25-tiny (Kimi K2.5's architecture: MLA, MoE, a vision wrapper)",
     )
     parser.add_argument(
+        "--features",
+        choices=["offline", "online"],
+        default="offline",
+        help="offline (default): hidden-state stores, checked, then training; online: no store, the target computes "
+        "the features as the draft trains (docs/draft-and-benchmark.md)",
+    )
+    parser.add_argument(
         "--keep-simulator",
         action="store_true",
         help="leave the simulator this demo started running (for the Dagster UI); by default it is stopped",
@@ -137,14 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     home = ensure_dagster_home()
     from eagle_assets import definitions  # after DAGSTER_HOME is set
     from eagle_assets.assets.draft import TINY_TARGET_BENCHMARK_CONFIG, TINY_TARGET_TRAIN_CONFIG
-    from eagle_assets.assets.hidden_state_checks import check_summaries
-    from eagle_assets.keys import (
-        BENCHMARK_KEY,
-        CORPUS_KEY,
-        DRAFT_KEY,
-        HIDDEN_STATES_KEY,
-    )
-    from eagle_assets.shard_partitions import train_partitions
+    from eagle_assets.keys import BENCHMARK_KEY, CORPUS_KEY, DRAFT_KEY
 
     instance = dg.DagsterInstance.get()
     configure_pools(instance)
@@ -162,16 +162,13 @@ def main(argv: list[str] | None = None) -> int:
     if demo.failed or args.stop_after == "corpus":
         return finish(demo, start, home, sim)
 
-    print("3/5 hidden states of the tiny target, per corpus shard, with their fidelity checks", flush=True)
-    for shard in train_partitions(instance):
-        demo.materialize([HIDDEN_STATES_KEY], f"hidden_states/{shard}", partition=shard)
-        for _, summary in check_summaries(demo.last_result) if demo.last_result else []:
-            print(f"    {summary.split(': ', 1)[-1]}", flush=True)  # the check, passed or FAILED, its figures
+    extract_hidden_states(demo, args.features)
     if demo.failed or args.stop_after == "hidden_states":
         return finish(demo, start, home, sim)
 
-    print("4/5 EAGLE-3 draft training (Dagster Pipes subprocess)", flush=True)
-    demo.materialize([DRAFT_KEY], "draft_model", config={"draft_model": {"config": TINY_TARGET_TRAIN_CONFIG}})
+    print(f"4/5 EAGLE-3 draft training, {args.features} features (Dagster Pipes subprocess)", flush=True)
+    train_config = {**TINY_TARGET_TRAIN_CONFIG, "features": args.features}
+    demo.materialize([DRAFT_KEY], "draft_model", config={"draft_model": {"config": train_config}})
     if demo.failed or args.stop_after == "draft":
         return finish(demo, start, home, sim)
 
@@ -241,6 +238,23 @@ def plan_against_generation(demo: Demo, names: Sequence[str]) -> list[str]:
         within = "within" if outcome.within(PLAN_TOLERANCE) else "NOT within"
         lines[-1] += f" ({within} {PLAN_TOLERANCE:.0%})"
     return lines
+
+
+def extract_hidden_states(demo: Demo, features: str) -> None:
+    """Stage 3: a store per train shard with its fidelity checks; online, none (the target computes the features as
+    the draft trains, and the same checks run on the stream's first rows before its first step)."""
+    from eagle_assets.assets.hidden_state_checks import check_summaries
+    from eagle_assets.keys import HIDDEN_STATES_KEY
+    from eagle_assets.shard_partitions import train_partitions
+
+    if features == "online":
+        print("3/5 hidden states: no store (--features online: computed during training, checked on its first rows)")
+        return
+    print("3/5 hidden states of the tiny target, per corpus shard, with their fidelity checks", flush=True)
+    for shard in train_partitions(demo.instance):
+        demo.materialize([HIDDEN_STATES_KEY], f"hidden_states/{shard}", partition=shard)
+        for _, summary in check_summaries(demo.last_result) if demo.last_result else []:
+            print(f"    {summary.split(': ', 1)[-1]}", flush=True)  # the check, passed or FAILED, its figures
 
 
 class SimulatorOwnership:
