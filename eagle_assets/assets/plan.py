@@ -163,6 +163,7 @@ def build_plan(
         if config.prior_mean_tokens > gen.max_tokens
         else "configured prior",
     )
+    enough = enough_answers(config, openrouter)
     inputs = []
     for spec in specs:
         queue = queues[spec.name]
@@ -170,38 +171,16 @@ def build_plan(
             spec.name,
             gen.model,
             lengths,
-            enough_answers(config, openrouter),
+            enough,
             prior,
             finished=queue.pending == 0,
             pilot=pilots.get(spec.name, 0),
         )
-        latency, latency_source = latency_estimate(queue.facts, everyone, config.prior_seconds_per_answer, spec.name)
-        done = per_dataset[spec.name]
-        left = spec.output_token_budget - done.tokens_spent
-        need = requests_needed(stats, left, queue.pending)
-        counted = queue.prompt_tokens(max(1, need) if queue.pending else 0, estimate, stats.mean)
-        if queue.pending and not counted:
-            raise fail(
-                f"{spec.name}: {queue.pending:,} requests pending by the journals, but no shard yields"
-                " one to ask (the source changed since its scan?)"
-            )
-        inputs.append(
-            DatasetInput(
-                spec.name,
-                spec.output_token_budget,
-                done.tokens_spent,
-                done.usd_spent,
-                queue.pending,
-                counted,
-                stats,
-                latency,
-                latency_source,
-                gen.max_tokens,
-            )
-        )
+        latency = latency_estimate(queue.facts, everyone, config.prior_seconds_per_answer, spec.name)
+        inputs.append(dataset_input(spec, queue, stats, latency, per_dataset[spec.name], estimate, gen.max_tokens))
         log.info(
             f"plan inputs {spec.name}: {queue.pending:,} of {queue.total_requests:,} requests pending"
-            f" ({len(counted):,} prompts rendered), lengths from {stats.source}"
+            f" ({len(inputs[-1].prompt_tokens):,} prompts rendered), lengths from {stats.source}"
         )
     snap = account_snapshot(openrouter, "generation_plan")
     if observe is not None:
@@ -223,6 +202,39 @@ def build_plan(
         config.on_overrun,
         config.proposal,
         tail_fraction=gen.tail_fraction,
+    )
+
+
+def dataset_input(
+    spec: DatasetSpec,
+    queue: DatasetQueue,
+    stats: LengthStats,
+    latency: tuple[float, str],
+    done: Any,
+    estimate: Callable[[Any], int],
+    max_tokens: int,
+) -> DatasetInput:
+    """One dataset's row of the plan: what is left of its target and the exact prompts of the requests it needs.
+    ``done``: the ledger's totals for it (spend so far)."""
+    left = spec.output_token_budget - done.tokens_spent
+    need = requests_needed(stats, left, queue.pending)
+    counted = queue.prompt_tokens(max(1, need) if queue.pending else 0, estimate, stats.mean)
+    if queue.pending and not counted:
+        raise fail(
+            f"{spec.name}: {queue.pending:,} requests pending by the journals, but no shard yields"
+            " one to ask (the source changed since its scan?)"
+        )
+    return DatasetInput(
+        spec.name,
+        spec.output_token_budget,
+        done.tokens_spent,
+        done.usd_spent,
+        queue.pending,
+        counted,
+        stats,
+        latency[0],
+        latency[1],
+        max_tokens,
     )
 
 
