@@ -26,31 +26,51 @@ _SESSION_HOME = Path(tempfile.mkdtemp(prefix="eagle-forge-tests-home-"))
 os.environ["EAGLE_FORGE_HOME"] = str(_SESSION_HOME)
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the groups into work units
+def _join_work_unit(item: pytest.Item, unit: str) -> None:
+    """Put ``item`` in xdist's work unit ``unit``: ``--dist loadgroup`` hands out each ``<nodeid>@<unit>`` together.
+
+    xdist (3.8) would do this for an ``xdist_group`` mark by setting ``item._nodeid``, which pytest 9.2 no longer
+    reads (the id is ``item._id``, a NodeId), so the mark alone is ignored there: set the id here, either way.
+    Only the dealing depends on it; on a pytest where neither works every test is still run, on its own."""
+    new = f"{item.nodeid}@{unit}"
+    if hasattr(item, "_id"):
+        from _pytest.nodeid import NodeId
+
+        item._id = NodeId.parse(new)
+    else:
+        item._nodeid = new
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """On xdist workers only (a plain ``pytest`` keeps the file order):
 
-    - the tests of a module that share a module-scoped fixture (a trained draft, a ``dagster dev``, a simulator)
-      form one work unit, so one worker builds it once instead of every worker building its own;
-    - ``slow`` tests (and the units that hold one) are dealt first, so no worker starts a minute-long test
-      when the others are done.
+    - the tests of a module that use a module-scoped fixture (a trained draft, a ``dagster dev``, a tiny target's
+      features) form one work unit, so one worker builds it once instead of every worker building its own;
+    - ``slow`` tests (and the units that hold one) are dealt first, then the other units, then single tests, so
+      no worker starts a minute-long test when the others are done.
 
     Every worker sorts the same collection the same way, as xdist requires.
     """
     if not hasattr(config, "workerinput"):
         return
+    units: dict[int, str] = {}
     for item in items:
-        fixturedefs = getattr(item, "_fixtureinfo", None)
-        defs = fixturedefs.name2fixturedefs.values() if fixturedefs is not None else ()
+        info = getattr(item, "_fixtureinfo", None)
+        defs = info.name2fixturedefs.values() if info is not None else ()
         if any(d and d[-1].scope == "module" for d in defs):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+            units[id(item)] = item.nodeid.split("::")[0]
+    slow_units = {units.get(id(i)) for i in items if i.get_closest_marker("slow")} - {None}
 
-    def group(item: pytest.Item) -> str | None:
-        mark = item.get_closest_marker("xdist_group")
-        return str(mark.args[0]) if mark is not None and mark.args else None
+    def rank(item: pytest.Item) -> int:
+        unit = units.get(id(item))
+        return 0 if item.get_closest_marker("slow") or unit in slow_units else 1 if unit else 2
 
-    slow_groups = {group(i) for i in items if i.get_closest_marker("slow")} - {None}
-    items.sort(key=lambda i: 0 if i.get_closest_marker("slow") or group(i) in slow_groups else 1)
+    items.sort(key=rank)
+    if config.getoption("dist", "no") == "loadgroup" or getattr(config.option, "loadgroup", False):
+        for item in items:
+            if id(item) in units:
+                _join_work_unit(item, units[id(item)])
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
