@@ -403,3 +403,17 @@ def test_a_renamed_module_fails_the_page_that_names_it():
     assert named, "the README names modules by path"
     renamed = readme.replace(named[0], named[0].replace(".py", "_renamed.py"))
     assert f"path `{named[0].replace('.py', '_renamed.py')}`: no such file or folder" in check_markdown(renamed)
+
+
+def test_the_layout_page_names_every_product_module():
+    """docs/layout.md is the map a newcomer walks with: a module it does not name is a room without a door."""
+    layout = (ROOT / "docs" / "layout.md").read_text()
+    modules = [
+        path.relative_to(ROOT).as_posix()
+        for folder in ("eagle_assets", "resources", "sensors")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        if path.name != "__init__.py"
+    ]
+    assert len(modules) > 100  # not vacuous: the product's modules were found
+    missing = [m for m in modules if f"`{m}`" not in layout]
+    assert missing == [], f"add a line for each to docs/layout.md: {missing}"
