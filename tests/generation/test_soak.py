@@ -31,6 +31,7 @@ def check(result: dict, cfg: SoakConfig) -> None:
     assert st["kill_cost_headless_after_usd"] <= st["kill_cost_headless_before_usd"] + 1e-9
 
 
+@pytest.mark.slow
 def test_sigkill_without_faults_loses_and_duplicates_nothing(tmp_path):
     cfg = SoakConfig(
         prompts=500,

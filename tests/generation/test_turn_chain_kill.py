@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import orjson
+import pytest
 
 from eagle_assets.generation.journal import scan
 from eagle_assets.settings import REPO_ROOT
@@ -36,6 +37,7 @@ def journal_lines(path: Path) -> int:
         return 0
 
 
+@pytest.mark.slow
 def test_sigkill_mid_conversation_resumes_at_the_next_turn_buying_nothing_twice(tmp_path):
     data = tmp_path / "mt.jsonl"
     write_set(data)

@@ -2,6 +2,7 @@
 
 import dagster as dg
 import polars as pl
+import pytest
 import torch
 
 from eagle_assets.assets.corpus import build_corpus_asset
@@ -29,6 +30,7 @@ def _checks(result: dg.ExecuteInProcessResult) -> dict[tuple[str, str], bool]:
     }
 
 
+@pytest.mark.slow
 def test_checks_corpus_and_hidden_states_end_to_end(tmp_path, forge_home):
     specs = [
         DatasetSpec("P1", write_prompts(tmp_path / "p1.jsonl", 20, tag="a"), 10**9, 10),

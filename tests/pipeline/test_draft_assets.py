@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import dagster as dg
+import pytest
 
 from eagle_assets.assets.corpus import build_corpus_asset
 from eagle_assets.assets.draft import TINY_TARGET_TRAIN_CONFIG, draft_benchmark, draft_model, training_run_config
@@ -24,6 +25,7 @@ from tests.pipeline.conftest import pipeline_resources
 TRAIN = {"draft_vocab_size": 512, "max_steps": 12, "batch_size": 4, "ttt_steps": 3, "lr": 3e-3, "log_every": 4}
 
 
+@pytest.mark.slow
 def test_sensor_trains_and_benchmarks_the_draft(tmp_path, forge_home):
     spec = DatasetSpec("D1", write_prompts(tmp_path / "d1.jsonl", 24, tag="d"), 10**9, 12)
     gen = build_generated_asset(spec)
