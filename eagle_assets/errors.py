@@ -83,6 +83,7 @@ The hierarchy (``*`` marks classes defined in the modules named, not here)::
     │   ├── SGLangResponseError *       eagle_assets/hidden_states/sglang_wire.py
     │   ├── CalibrationResponseError *  eagle_assets/hidden_states/calibration_sglang.py
     │   ├── CalibrationMismatchError *  eagle_assets/hidden_states/calibration_sglang.py
+    │   ├── OnlineFidelityError *       eagle_assets/hidden_states/online_fidelity.py
     │   └── StoreError *                eagle_assets/hidden_states/store_format.py
     │       ├── StoreMismatchError *    eagle_assets/hidden_states/store_format.py
     │       └── InsufficientDiskError * eagle_assets/hidden_states/store_format.py

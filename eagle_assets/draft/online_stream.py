@@ -61,10 +61,6 @@ class StreamStats:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
 
-class _Stop(Exception):
-    pass
-
-
 class OnlineFeatureStream:
     """Features of the trainer's batches, produced ahead by one thread (``depth`` batches at most)."""
 
@@ -127,25 +123,20 @@ class OnlineFeatureStream:
             for position in positions:
                 if self._stop.is_set():
                     return
-                item = self.produce(plan, position)
-                self._put(item)
-        except _Stop:
-            return
+                if not self._put(self.produce(plan, position)):
+                    return
         except BaseException as exc:  # the trainer re-raises it at its next take
-            try:
-                self._put(exc)
-            except _Stop:
-                return
+            self._put(exc)
 
-    def _put(self, item: Prefetched | BaseException) -> None:
-        while True:
-            if self._stop.is_set():
-                raise _Stop
+    def _put(self, item: Prefetched | BaseException) -> bool:
+        """Queue ``item`` once there is room; False when the stream was closed while waiting (nobody will take it)."""
+        while not self._stop.is_set():
             try:
                 self._queue.put(item, timeout=0.05)
-                return
+                return True
             except queue.Full:
                 continue
+        return False
 
     # ------------------------------------------------------------------ consuming
 
