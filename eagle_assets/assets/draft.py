@@ -103,7 +103,12 @@ def training_run_config(tiny_target: bool) -> dict[str, object]:
 
 
 def run_identity(model_id: str, shards: dict[str, str], config: DraftTrainConfig) -> str:
-    blob = json.dumps({"target": model_id, "shards": shards, "train": config.model_dump()}, sort_keys=True)
+    # The prefetch depth changes no number, and an offline run is named as before the online mode existed, so
+    # runs from then still resume; an online run (its shards named by the corpus files) carries its mode.
+    exclude = {"online_prefetch"} | ({"features"} if config.features == "offline" else set())
+    blob = json.dumps(
+        {"target": model_id, "shards": shards, "train": config.model_dump(exclude=exclude)}, sort_keys=True
+    )
     return hashlib.blake2b(blob.encode(), digest_size=8).hexdigest()
 
 

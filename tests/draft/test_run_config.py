@@ -1,5 +1,6 @@
 """The training run's one typed config: unknown keys are errors that name them; the asset's run file round-trips."""
 
+import hashlib
 import json
 
 import pytest
@@ -93,7 +94,18 @@ def test_the_draft_model_assets_config_keeps_its_fields_and_defaults(tmp_path, m
         "log_every": 10,
         "seed": 0,
         "nproc_per_node": 0,
+        "features": "offline",
+        "online_prefetch": 2,
     }
+    # An offline run keeps the name it had before the online fields existed (the old field set hashed), so it resumes.
+    old_fields = {
+        k: v for k, v in assets.DraftTrainConfig().model_dump().items() if k not in ("features", "online_prefetch")
+    }
+    old_blob = json.dumps({"target": "t", "shards": {"a": "1"}, "train": old_fields}, sort_keys=True)
+    old_name = hashlib.blake2b(old_blob.encode(), digest_size=8).hexdigest()
+    assert assets.run_identity("t", {"a": "1"}, assets.DraftTrainConfig()) == old_name
+    assert assets.run_identity("t", {"a": "1"}, assets.DraftTrainConfig(online_prefetch=5)) == old_name
+    assert assets.run_identity("t", {"a": "1"}, assets.DraftTrainConfig(features="online")) != old_name
     knobs = {"lr": 3e-3, "batch_size": 4, "ttt_steps": 3, "max_steps": 12, "seed": 5, "checkpoint_every": 0}
     config = assets.DraftTrainConfig(draft_vocab_size=512, max_length=0, log_every=4, **knobs)
     monkeypatch.setattr(assets, "hidden_states_root", lambda: tmp_path / "hs")
