@@ -10,5 +10,5 @@ ruff format --check .  # one formatting, so diffs show changes and not style
 mypy  # the packages configured in pyproject.toml ([tool.mypy])
 # On pytest-xdist workers: much of the suite waits on subprocesses, servers and sockets, so 4 workers beat the
 # 2 cores they share (tests/conftest.py groups module-shared fixtures and deals slow tests first).
-# EAGLE_FORGE_TEST_WORKERS=0 runs in one process; arguments after the script's name go to pytest.
-python -m pytest -q -n "${EAGLE_FORGE_TEST_WORKERS:-4}" --dist loadgroup "$@"
+# TEST_WORKERS=0 runs in one process (not an EAGLE_FORGE_ name: those are settings, and an unknown one is refused); arguments after the script's name go to pytest.
+python -m pytest -q -n "${TEST_WORKERS:-4}" --dist loadgroup "$@"
