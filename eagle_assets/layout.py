@@ -5,21 +5,7 @@ hidden-state store, the published draft) without importing the module that wrote
 the home as ``home`` (default: the configured home now) and what names the file: a dataset and shard,
 a corpus shard's partition key. The files a component keeps inside its own folder (a store's index, a
 training run's checkpoints, the simulator's pid file) are that component's business, named where it writes
-them::
-
-    <home>/
-      samples/<set>.jsonl                      bundled sample prompt sets (``sample:B1`` in datasets.yaml)
-      journal/<dataset>/<shard>.journal        what generation bought, append-only (the resume point)
-      generated/<dataset>/<shard>.parquet      a generation partition (+ .providers.json, .native.json)
-      tokenized/<dataset>/<shard>.parquet      its token ids
-      corpus/index.json, <split>/shard-N.parquet   the merged corpus (a shard: partition ``<split>-N``)
-      hidden_states/<split>-N/                 one hidden-state store per corpus shard
-      draft/runs/<identity>/                   a training run (resumed when its inputs are the same)
-      draft/latest/export/                     the published draft; draft/benchmarks/<stamp>/: serving runs
-      state/ledger.sqlite, generation_plan.json, datasets/   the ledger, the plan, dataset scan caches
-      models/tiny-kimi-seed<seed>/             the tiny target
-      simulator/, duckdb_tmp/                  this host's scratch (``scratch_root``: $EAGLE_FORGE_SCRATCH if set)
-      dagster_home/                            Dagster's home
+them.
 
 Scratch is the one exception to "everything under the home": with a home shared by several hosts, each host
 keeps its scratch on its own disk. Hidden-state staging and checkpoints in progress are not scratch: they are

@@ -1,55 +1,11 @@
 """Export a trained draft as one ``LlamaForCausalLMEagle3`` folder that SGLang and vLLM both load, and load it back.
 
-Layout written (atomically: published as a new version that ``<out>`` then links to, see
-``durable_files.publishing_directory``; folder 0755, files 0644 so that a server running as another user can
-read them)::
-
-    <out>/config.json          architectures ["LlamaForCausalLMEagle3"], model_type "llama", geometry,
-                               vocab_size (target), draft_vocab_size, target_hidden_size, tie_word_embeddings
-                               false, torch_dtype, rope_theta *and* rope_parameters, the aux layer ids in
-                               both engines' spellings (below), plus an "eagle_forge" block
-    <out>/model.safetensors    fc.weight, midlayer.*, norm.weight, lm_head.weight (torch_dtype),
-                               d2t (int64), t2d (bool), embed_tokens.weight when the draft's embedding
-                               is not the target's (``Eagle3Config.save_embeddings``)
-
-Aux layer ids: the model keeps HF ``output_hidden_states`` indices (index i = input of decoder layer i).
-The engines read different keys with different meanings, so both are written and each engine reads only
-its own:
-
-- SGLang reads only ``eagle_config.eagle_aux_hidden_state_layer_ids`` and adds 1 (it captures the input of
-  layer id+1): written as ``hf - 1``.
-- vLLM reads the top-level ``eagle_aux_hidden_state_layer_ids`` first and uses it as given (some versions
-  fall back to ``eagle_config``'s, which the top-level key shadows): written as ``hf``.
-
-For Kimi K2/K2.5 (61 layers, HF [2, 30, 58]): ``eagle_config`` [1, 29, 57], top level [2, 30, 58]; both
-engines then capture the inputs of layers 2, 30 and 58, the features the draft was trained on. The
-``eagle_forge`` block records the HF indices, so ``load_draft`` never has to guess.
-
-RoPE: transformers 5's ``LlamaConfig`` keeps the base inside ``rope_parameters``; loaders built on
-transformers 4 (and vLLM/SGLang code paths reading ``config.rope_theta``) read the top-level key, which
-would otherwise default to 10000. Both carry the draft's base (Kimi: 50000).
-
-Embedding: without ``embed_tokens.weight`` both engines use the target's embedding (the draft's is the
-target's, frozen: 2.3 GB for Kimi in bf16 saved). A draft trained with its own or random embeddings
-exports it; vLLM then keeps it (it shares the target's only when the draft has none or an identical one).
-SGLang replaces the draft's embedding with the target's whenever ``target_hidden_size == hidden_size`` and
-keeps the draft's only when they differ; a draft whose widths differ must therefore carry its embedding,
-which ``Eagle3Config`` enforces. A draft as wide as its target with its own embedding is served by the two
-engines as two different drafts: ``export_draft`` warns, and ``config.json`` records whose embedding each
-engine serves (``eagle_forge.embedding_served_by``) and why (``eagle_forge.warnings``).
-
-Serving (chain drafting, 3 steps / 4 draft tokens as in the public Kimi numbers), the same folder for both::
-
-    # SGLang
-    python -m sglang.launch_server --model-path <target> --trust-remote-code --tp 8 \\
-        --speculative-algorithm EAGLE3 --speculative-draft-model-path <out> \\
-        --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4
-
-    # vLLM
-    vllm serve <target> --trust-remote-code --tensor-parallel-size 8 \\
-        --speculative-config '{"method": "eagle3", "model": "<out>", "num_speculative_tokens": 3}'
-
-(``--speculative-eagle-topk`` > 1 with more draft tokens turns on tree drafting in SGLang.)
+What the folder holds (``config.json``, ``model.safetensors``), the aux layer ids in both engines' spellings,
+whose embedding each engine serves, and the serving commands: docs/draft-and-benchmark.md, "The exported draft".
+It is published atomically (``durable_files.publishing_directory``), folder 0755 and files 0644 so that a server
+running as another user can read them. The ``eagle_forge`` block records the HF aux indices, so ``load_draft``
+never has to guess. RoPE: transformers 5 keeps the base inside ``rope_parameters`` while loaders built on
+transformers 4 read the top-level ``rope_theta`` (default 10000), so both carry the draft's base.
 """
 
 from __future__ import annotations

@@ -1,17 +1,14 @@
 """What the draft needs from a Hugging Face target: aux features, the last hidden state, its frozen head.
 
-Layer convention (the project's canonical one, see ``eagle_assets/hidden_states/layers.py``): an aux
-layer id is an index into HF's ``output_hidden_states`` tuple (0 = embeddings, i = input of decoder
-layer i). The last hidden state is HF's ``hidden_states[-1]``, i.e. *after* the final norm for
-Llama-style models, so the target's logits are ``lm_head(last)``; a store that keeps the pre-norm
-state needs ``norm`` too (``load_target_head(path, "pre_norm")``).
+Aux layer ids are HF ``output_hidden_states`` indices (``eagle_assets/hidden_states/layers.py``). The last hidden
+state is HF's ``hidden_states[-1]``, *after* the final norm for Llama-style models, so the target's logits are
+``lm_head(last)``; a store that keeps the pre-norm state needs ``norm`` too (``load_target_head(path, "pre_norm")``).
 
-``TargetHead`` lives here, once, for every reader of a store: the trainer, the hidden-state fidelity
-checks and the extraction tests recompute the target's logits from the stored last state with it. The
-store keeps one H-wide vector per token instead of vocabulary-sized logits (7168 vs 163,840 numbers for
-Kimi K2.5); loading only ``lm_head`` (and the final norm) costs ~2.3 GB in bf16 instead of the whole
-model. The trainer also takes anything else mapping ``last -> logits`` (the loaded model's own
-``lm_head``, a synthetic head).
+``TargetHead`` lives here, once, for every reader of a store: the trainer, the hidden-state fidelity checks and the
+extraction tests recompute the target's logits from the stored last state with it. The store keeps one H-wide
+vector per token instead of vocabulary-sized logits, and loading only ``lm_head`` (and the final norm) costs
+~2.3 GB in bf16 for Kimi K2.5 instead of the whole model. The trainer also takes anything else mapping
+``last -> logits``.
 """
 
 from __future__ import annotations
@@ -36,10 +33,6 @@ if TYPE_CHECKING:  # only a type here: transformers is imported where a model is
 def cache_kwarg(model: nn.Module) -> str:
     """transformers 5.x names the KV-cache argument ``cache``; earlier versions ``past_key_values``."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-
-def _cache_of(output: Any) -> Any:
-    return getattr(output, "cache", None) or getattr(output, "past_key_values", None)
 
 
 def crop_cache(cache: Any, length: int) -> None:
@@ -82,23 +75,6 @@ def hf_forward(
     hs = out.hidden_states
     aux = torch.cat([hs[i] for i in aux_layer_ids], dim=-1)
     return (out.logits if with_logits else None), aux, hs[-1]
-
-
-class HFTargetFeatures:
-    """Online features: ``features(input_ids [B,T]) -> (aux, last)`` from the decoder alone (no lm_head)."""
-
-    def __init__(self, model: PreTrainedModel, aux_layer_ids: Sequence[int]):
-        self.model = model
-        self.aux_layer_ids = tuple(aux_layer_ids)
-
-    def __call__(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        _, aux, last = hf_forward(self.model, input_ids, self.aux_layer_ids, with_logits=False)
-        return aux, last
-
-
-def hf_target_head(model: PreTrainedModel) -> nn.Module:
-    """The model's own ``lm_head``: exactly the target's logits from its post-norm last hidden state."""
-    return model.get_output_embeddings()
 
 
 # A head's non-zero rows: their ids, the rows, the first all-zero id, and id → index among them (-1: a zero row).
@@ -186,12 +162,6 @@ class TargetHead(nn.Module):
                 found = (rows, w[rows].contiguous(), first_zero, where)
         self._live_cache = (key, found)
         return found
-
-
-def target_logits(last: torch.Tensor, head: TargetHead) -> torch.Tensor:
-    """The target's logits at every stored position, from the stored last hidden state."""
-    with torch.no_grad():
-        return head(last)
 
 
 def load_checkpoint_tensor(path: str | Path, suffixes: Sequence[str]) -> torch.Tensor | None:

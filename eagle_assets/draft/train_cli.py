@@ -3,31 +3,10 @@
     torchrun --standalone --nproc_per_node=8 -m eagle_assets.draft.train_cli --config run.json
 
 The config (JSON, or YAML by suffix) names everything a run needs, so the same file reproduces it. It is a
-``DraftRunConfig`` (``run_config.py``: every key with its default; an unknown key is an error that names it)::
-
-    {
-      "seed": 0,                                   # draft init
-      "model": {...Eagle3Config fields...},        # or omit and give target.path + draft_vocab_size
-      "draft_vocab_size": 32000,
-      "aux_layer_ids": [2, 30, 58],                # HF output_hidden_states indices (with target.path)
-      "target": {"path": "/models/kimi", "last_kind": "post_norm"},
-      "embeddings": {"kind": "target" | "synthetic" | "random", "seed": 1},   # not the target's: exported
-      "vocab": {"kind": "from_data" | "identity" | "file", "path": "...", "force_ids": [163586]},
-      "data": {"kind": "store", "path": "/data/hs", "reader": "module:Class", "max_length": 4096}
-            | {"kind": "tokens", "path": "rows.jsonl", "backend": "hf" | "sglang", "prefetch": 2}
-                                                         # online: the extraction's per-batch function, prefetched,
-                                                         # the fidelity checks on the first batches (online_stream.py)
-            | {"kind": "synthetic", "n_samples": 64, "length": [12, 24], "seed": 0},
-      "train": {...TrainConfig fields...},
-      "output_dir": "runs/x",                      # checkpoints/, metrics.jsonl, export/
-      "export": {"dtype": "bfloat16"},             # one folder for SGLang and vLLM (see export.py)
-      "log_every": 10
-    }
-
-The store reader is resolved by name at run time (default
-``eagle_assets.hidden_states.store:HiddenStateStore``) so that this module depends only on its
-``__len__``/``__getitem__`` contract. A run resumes from ``output_dir/checkpoints`` when a checkpoint
-is there.
+``DraftRunConfig`` (``run_config.py``: every key with its default; an unknown key is an error that names it).
+The store reader is resolved by name at run time (default ``eagle_assets.hidden_states.store:HiddenStateStore``)
+so that this module depends only on its ``__len__``/``__getitem__`` contract. A run resumes from
+``output_dir/checkpoints`` when a checkpoint is there.
 """
 
 from __future__ import annotations

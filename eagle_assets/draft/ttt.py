@@ -254,36 +254,6 @@ def ttt_forward(
     return (out, all_logits) if return_logits else out
 
 
-def ttt_loss(
-    model: Eagle3Draft,
-    batch: dict[str, torch.Tensor],
-    target_head: HeadFn,
-    *,
-    steps: int = 7,
-    step_weight: float = 0.8,
-    denominators: torch.Tensor | None = None,
-    attn_impl: str = "eager",
-) -> TTTOutput:
-    """``ttt_forward`` on a collated batch {input_ids, loss_mask, aux, last}, target logits from ``target_head``."""
-    target_p, target_top = target_distribution(
-        batch["last"], target_head, model.used_ids(), needed=needed_target_positions(batch["loss_mask"])
-    )
-    result = ttt_forward(
-        model,
-        batch["aux"],
-        batch["input_ids"],
-        batch["loss_mask"],
-        target_p,
-        target_top,
-        steps=steps,
-        step_weight=step_weight,
-        denominators=denominators,
-        attn_impl=attn_impl,
-    )
-    assert isinstance(result, TTTOutput)
-    return result
-
-
 def step_accuracies(correct: Sequence[float], count: Sequence[float]) -> list[float]:
     return [float(c) / float(n) if float(n) > 0 else 0.0 for c, n in zip(correct, count, strict=True)]
 

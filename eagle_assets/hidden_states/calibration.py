@@ -1,29 +1,11 @@
-"""The target run in full on a few samples of a shard: what the fidelity checks hold a store to.
+"""The target run in full on a few samples of a shard: what the fidelity checks hold a store to (docs/hidden-states.md).
 
 Independent of the extraction path on purpose: the extractor captures features with forward hooks and no
-``lm_head``; this runs the model's own forward with ``output_hidden_states=True``, logits included (kept at the
-scored positions only, ``logits_to_keep``). A bug in the capture (a shifted position, a wrong or repeated layer,
-a final state that is not the one the head reads) therefore makes the store disagree with this record instead of
-agreeing with itself.
-
-Recorded per store shard (``fidelity.ShardCalibration``), at up to ``config.positions`` scored positions of
-``config.calibration_samples`` samples:
-
-- the target's top-1 and the log-probability of the actual next token at each position, their agreement and
-  mean, and ``dtype_consistency``: how many top-1s survive rounding the true last state to the store dtype (the
-  best a correct store can do, e.g. 1.0 for float32, slightly less for bfloat16 near ties);
-- for every hidden state the model has (HF indices 0..N-1, i.e. the inputs of decoder layers, and the last
-  state as stored): mean norm and a signature (a seeded random projection at ``signature_positions`` of those
-  positions), so a stored layer can be identified by depth;
-- how far apart the true aux layers and the last state are, position by position (``distinct``), so a repeated
-  layer, whose distance is 0, is measured against the target's own separation.
-
-- ``logprob_noise``: how far half an ulp of the store's precision moves the actual tokens' log-probabilities,
-  position by position: the noise floor a correct store's deviation from the target is measured against.
-
-This is the HF backend's calibration (the target in this process). A store extracted through SGLang is calibrated
-through the engine instead (``calibration_sglang.py``): the same next-token figures from the engine's input
-log-probabilities, but no per-layer signatures.
+``lm_head``; this runs the model's own forward with ``output_hidden_states=True``, logits kept at the scored
+positions only (``logits_to_keep``). A bug in the capture (a shifted position, a wrong or repeated layer, a final
+state that is not the one the head reads) therefore makes the store disagree with this record instead of agreeing
+with itself. Recorded per store shard: ``fidelity.ShardCalibration``, whose fields say what each figure is.
+A store extracted through SGLang is calibrated through the engine instead (``calibration_sglang.py``).
 """
 
 from __future__ import annotations

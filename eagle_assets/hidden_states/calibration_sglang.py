@@ -1,34 +1,17 @@
 """Calibration through the SGLang engine: the target run in full where it cannot run in this process (Kimi, tp=8).
 
-The HF calibration (``calibration.py``) runs the model's own forward here. A store extracted through SGLang has
-no model here, but the engine that extracted it can score its own input: asked for the log-probabilities of the
-prompt tokens, it returns, at every position, the log-probability of the actual next token and its own top-1.
-That is exactly what the next-token check needs of the target: the same figures as the HF calibration, computed
-by the target's own forward and head, independently of the hidden-state path being checked.
+A store extracted through SGLang has no model here, but the engine that extracted it can score its own input: the
+log-probability of each actual next token and its own top-1, the same figures as the HF calibration
+(``calibration.py``), from the target's own forward and head. The request and answer fields used (sglang
+``GenerateReqInput`` at commit 001067ff) and what an engine calibration cannot verify: docs/hidden-states.md,
+"SGLang stores: calibrated through the engine". Wire details the docs leave out: ``input_token_logprobs`` come
+as tuples from ``Engine.generate`` and lists over HTTP, and entry 0's logprob is None because the scheduler pads
+``[None] + values[:-1]``, so the last state at position ``t`` is scored by entry ``t + 1``; the first entry of
+``input_top_logprobs[i]`` is the target's top-1 prediction of token ``i``.
 
-The SGLang API followed (sgl-project/sglang, commit 001067ff of ``python/sglang/srt/managers/io_struct.py`` and
-the scheduler's / tokenizer manager's logprob code; these fields have been stable across 2024-2025 releases):
-
-- request (``GenerateReqInput``, also the ``/generate`` JSON body): ``return_logprob: true``,
-  ``logprob_start_len: 0`` (the whole input; the default -1 means output tokens only), ``top_logprobs_num: 1``.
-  Sampling ``temperature: 1.0, top_p: 1.0``: SGLang scales and renormalises returned log-probs by the request's
-  temperature and top-p (``compute_temp_top_p_normalized_logprobs``), so these make them the raw log-softmax.
-- response ``meta_info["input_token_logprobs"]``: one ``[logprob, token_id, text]`` entry per input token
-  (tuples from ``Engine.generate``, lists over HTTP; text is None without ``return_text_in_logprobs``). Entry
-  ``i`` is ``log P(ids[i] | ids[:i])``; entry 0 has logprob None (the scheduler pads ``[None] + values[:-1]``).
-  So the last state at position ``t`` is scored by entry ``t + 1``.
-- ``meta_info["input_top_logprobs"]``: per input token a list of ``top_logprobs_num`` such entries, or None
-  (entry 0); its first entry's token id is the target's top-1 prediction of token ``i``.
-- ``return_hidden_states: true`` on the same request of the ``last`` engine adds the prompt's final states
-  (``meta_info["hidden_states"][0]``), from which the noise floor and the rounding consistency are measured.
-
-Not available through the engine: the per-layer signatures the aux check identifies layers by (the engine
-returns one layer set, the one being checked). An engine calibration therefore records the last state's
-signature only, and the aux check says the layers' identity is not verified (``allow_unreferenced_aux``).
-
-Because the engine's log-probabilities and its returned last state come from the same forward, a capture that
-returns something other than the state its head reads (another layer, a pre-norm state) is caught here already:
-the calibration refuses to be written (``CalibrationMismatchError``) instead of being made to fit it.
+The engine's log-probabilities and its returned last state come from the same forward, so a capture that returns
+something other than the state its head reads is caught here: the calibration refuses to be written
+(``CalibrationMismatchError``) instead of being made to fit it.
 """
 
 from __future__ import annotations

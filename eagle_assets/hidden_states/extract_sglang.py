@@ -1,28 +1,13 @@
 """Backend 2: target features from SGLang, for targets that need tensor parallelism (Kimi K2.5, tp=8).
 
-SGLang is not a dependency of eagle-forge: this module imports without it, and only starting an
-engine needs it (``pip install "sglang[all]"`` on the GPU host; the error says so). Everything that
-does not need a GPU — engine/server arguments, request construction, response → tensor conversion,
-layer-id conversion, the two-pass orchestration into the store — is plain Python and is tested on
-CPU against a fake engine that answers in SGLang's response shape (``tests/hidden_states``).
+SGLang is not a dependency of eagle-forge: this module imports without it, and only starting an engine needs it
+(``pip install "sglang[all]"`` on the GPU host; the error says so). Everything that does not need a GPU (engine and
+server arguments, requests, response to tensors, layer ids, the two-pass orchestration into the store) is plain
+Python, tested on CPU against a fake engine that answers in SGLang's response shape (``tests/hidden_states``).
 
-What SGLang's public API gives (see ``docs/sglang-hidden-states.md`` for the sources and for what
-was and was not verified):
-
-- ``Engine(..., enable_return_hidden_states=True)`` + ``generate(input_ids=..., return_hidden_states=True)``
-  returns ``meta_info["hidden_states"]``, whose first element holds one row per *prompt* token.
-  Normally that row is the final norm's output (our ``last``, ``last_kind="post_norm"``).
-- When the target captures EAGLE-3 aux states (only in EAGLE-3 speculative mode, i.e. with a draft
-  checkpoint whose ``eagle_config.eagle_aux_hidden_state_layer_ids`` names the layers), the same
-  field carries the concatenated aux states [L, 3H] instead. SGLang adds +1 to those explicit ids,
-  so they are written in the SGLang spelling (``AuxLayers.sglang_ids``).
-
-One engine cannot return both, so features come from two passes, each its own engine (a Kimi K2.5
-engine takes all 8 GPUs): role ``"aux"`` writes ``shard-XXXXX-aux.safetensors``, role ``"last"``
-writes ``shard-XXXXX-last.safetensors``; the store's index joins them, and each pass resumes
-independently. The price: the prompt is prefilled twice, and every hidden-state float crosses
-SGLang's process boundary as a Python float (``tolist`` + pickle), which dominates at scale — the
-doc quantifies it and names the model-runner alternative (SpecForge's ``prepare_hidden_states.py``).
+What SGLang's API returns, why one engine gives either the aux states or the last state and so features come from
+two passes (``aux`` and ``last``, each its own engine, joined by the store's index and resumed independently),
+and what that costs: docs/sglang-hidden-states.md.
 """
 
 from __future__ import annotations

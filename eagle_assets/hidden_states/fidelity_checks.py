@@ -1,24 +1,10 @@
 """The hidden-state fidelity checks: a store shard against its corpus shard, the target's head and its calibration.
 
-Three checks per store shard, each a ``CheckOutcome`` whose summary names the partition, the shard, the check and
-the figure that failed (the Dagster asset checks on ``hidden_states`` are a thin layer over these):
-
-- ``alignment``: the shard files are whole (a truncated copy is named with its bytes); the store holds exactly the
-  corpus shard's samples, in order; for every sample, feature rows = input ids = loss-mask entries, the ids and the
-  mask are the corpus's, and the mask covers exactly the response (``t >= prompt_len``).
-- ``aux_layers``: aux is [T, 3H] and last [T, H]; no NaN or inf (every row of a shard up to
-  ``full_scan_bytes``, else the sampled rows); at the calibration positions each stored slot is nearest, by its
-  signature, to the layer it claims to be (a wrong or swapped layer names the layer it really is), the slots differ
-  from each other and from the last state at least ``fraction`` as much as the target's own layers do (a repeated
-  layer differs by 0), and their norms are recorded beside the target's.
-- ``last_state_next_token``: the stored last state through the target's head (final norm first for a pre-norm
-  store) at the calibration positions must reach ``fraction`` of the target's top-1 agreement with the next
-  response token, of its top-1 itself (scaled by what rounding to the store dtype leaves, ``dtype_consistency``)
-  and its mean log-probability less ``ln(1/fraction)``; over ``positions`` more positions spread over the whole
-  shard, the same agreement and log-probability bounds less three standard errors (sampling).
-
-Reads only what it needs: headers, the small id/mask/offset tensors, and single rows of the features (memory
-mapped), so a 200 GB Kimi shard costs seconds, most of it the head's matmul (on the GPU when there is one).
+Three checks per store shard (``alignment``, ``aux_layers``, ``last_state_next_token``, what each holds a store to
+is in docs/hidden-states.md), each a ``CheckOutcome`` whose summary names the partition, the shard, the check and
+the figure that failed; the Dagster asset checks on ``hidden_states`` are a thin layer over these. Reads only what
+it needs (headers, the small id/mask/offset tensors, single memory-mapped feature rows), so a 200 GB Kimi shard
+costs seconds, most of it the head's matmul.
 """
 
 from __future__ import annotations

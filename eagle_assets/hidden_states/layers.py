@@ -1,28 +1,10 @@
 """Which target layers feed the EAGLE-3 draft, and how each engine spells them.
 
-One convention is canonical here: **the index into Hugging Face's ``output_hidden_states`` tuple**
-(index 0 = the embeddings, index i = the output of decoder layer i-1 = the *input* of decoder layer
-i). The reference code captures the inputs of decoder layers 2, N//2 and N-3, i.e. HF indices
-[2, N//2, N-3] (Kimi K2 / K2.5, 61 layers: [2, 30, 58]).
-
-Engines disagree on what an explicit id means, which is why every store and exported config records
-all spellings instead of one bare list:
-
-- **SGLang** captures ``hidden_states + residual`` at the *input* of layer ``i`` for ``i`` in
-  ``layers_to_capture``. Its ``set_eagle3_layers_to_capture(None)`` default sets
-  ``[2, N//2, N-3]`` directly, but explicit ids (a draft config's
-  ``eagle_config.eagle_aux_hidden_state_layer_ids``, or SpecForge's ``--aux-hidden-states-layers``)
-  get ``+1`` ("for the ith layer, it takes the output of the (i-1)th layer"). So an explicit SGLang
-  id names a layer whose *output* is captured: ``sglang_id = hf_index - 1`` (Kimi: [1, 29, 57]).
-  Checked against ``python/sglang/srt/models/llama.py`` / ``qwen3.py`` / ``glm4_moe_lite.py`` and
-  ``kimi_k25.py`` (which delegates to ``DeepseekV3ForCausalLM``) of the SGLang sources; not run.
-- **vLLM** captures at the input of layer ``idx`` for ``idx`` in ``aux_hidden_state_layers`` and
-  uses ``eagle_aux_hidden_state_layer_ids`` as given, default ``(2, N//2, N-3)``: ``vllm_id =
-  hf_index``.
-
-Index N (the last decoder layer's output) is excluded: HF's ``hidden_states[N]`` is *after* the
-final norm for Llama-style models, and SGLang's capture loop never reaches it, so the three
-spellings would disagree. The last hidden state is stored separately (see ``store_format.py``).
+The canonical convention is the index into Hugging Face's ``output_hidden_states`` tuple (0 = the embeddings,
+i = the input of decoder layer i); EAGLE-3 takes [2, N//2, N-3] (Kimi K2/K2.5: [2, 30, 58]). An explicit SGLang
+id names a layer *output* (``hf_index - 1``), vLLM's is the HF index, and index N is excluded: why, with the
+SGLang sources it was checked against, is in docs/sglang-hidden-states.md ("Layer ids: the +1"). Every store and
+exported config records all spellings instead of one bare list.
 """
 
 from __future__ import annotations

@@ -162,9 +162,6 @@ class VLLMClient(EngineClient):
         text = await self._ok("GET", "/metrics")
         return SpecDecodeCounters.from_metrics_text(str(text))
 
-    async def metrics_text(self) -> str:
-        return str(await self._ok("GET", "/metrics"))
-
     async def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, temperature: float) -> EngineAnswer:
         if not self.model:
             self.model = await self.served_model()

@@ -161,10 +161,6 @@ class ServerProcess:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    @property
-    def exit_code(self) -> int | None:
-        return None if self.proc is None else self.proc.poll()
-
     def describe_death(self) -> str:
         """Why the server stopped answering, for a mid-run failure message."""
         if self.proc is None:

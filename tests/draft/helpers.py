@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from torch import nn
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
 from eagle_assets.draft.model import Eagle3Config, Eagle3Draft
+from eagle_assets.draft.target import hf_forward
 
 TINY_VOCAB = 512
 TINY_LAYERS = 4
@@ -81,3 +84,20 @@ def batch_greedy(model: LlamaForCausalLM, prompts: torch.Tensor, new_tokens: int
         pad_token_id=0,
     )
     return out
+
+
+class HFTargetFeatures:
+    """Online features: ``features(input_ids [B,T]) -> (aux, last)`` from the decoder alone (no lm_head)."""
+
+    def __init__(self, model: PreTrainedModel, aux_layer_ids: Sequence[int]):
+        self.model = model
+        self.aux_layer_ids = tuple(aux_layer_ids)
+
+    def __call__(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        _, aux, last = hf_forward(self.model, input_ids, self.aux_layer_ids, with_logits=False)
+        return aux, last
+
+
+def hf_target_head(model: PreTrainedModel) -> nn.Module:
+    """The model's own ``lm_head``: exactly the target's logits from its post-norm last hidden state."""
+    return model.get_output_embeddings()

@@ -7,10 +7,10 @@ import torch
 
 from eagle_assets.draft.data import StoreDataset
 from eagle_assets.draft.export import load_draft
-from eagle_assets.draft.target import HFTargetFeatures, load_target_embeddings, load_target_head
+from eagle_assets.draft.target import load_target_embeddings, load_target_head
 from eagle_assets.draft.train import TrainConfig, Trainer
 from eagle_assets.draft.train_cli import load_config, run
-from tests.draft.helpers import TINY_AUX, draft_for, tiny_llama
+from tests.draft.helpers import TINY_AUX, HFTargetFeatures, draft_for, tiny_llama
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from transformers import DeepseekV3Config, PretrainedConfig
 
 from eagle_assets.draft.export import EngineEmbeddingWarning, export_config, export_draft, load_draft
 from eagle_assets.draft.model import Eagle3Config, Eagle3Draft
-from eagle_assets.draft.target import HFTargetFeatures, load_target_embeddings
+from eagle_assets.draft.target import load_target_embeddings
 from eagle_assets.draft.train_cli import run
 from eagle_assets.draft.ttt import TTTAttention
 from eagle_assets.draft.vocab import DraftVocab
@@ -30,7 +30,7 @@ from tests.draft.engine_loaders import (
     project_state_dict,
 )
 from tests.draft.engine_loaders import main as engine_loaders_main
-from tests.draft.helpers import TINY_AUX, TINY_LAYERS, small_config, tiny_llama
+from tests.draft.helpers import TINY_AUX, TINY_LAYERS, HFTargetFeatures, small_config, tiny_llama
 
 PUBLISHED_KIMI_K2_DRAFT = {
     "architectures": ["LlamaForCausalLMEagle3"],

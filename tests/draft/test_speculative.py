@@ -3,11 +3,18 @@ import torch
 
 from eagle_assets.draft.data import TokenDataset
 from eagle_assets.draft.speculative import evaluate_acceptance, speculative_generate
-from eagle_assets.draft.target import HFTargetFeatures, hf_target_head
 from eagle_assets.draft.train import TrainConfig, Trainer
 from eagle_assets.draft.vocab import vocab_from_samples
 from eagle_assets.target.tiny import generate_greedy
-from tests.draft.helpers import TINY_AUX, TINY_VOCAB, batch_greedy, draft_for, tiny_llama
+from tests.draft.helpers import (
+    TINY_AUX,
+    TINY_VOCAB,
+    HFTargetFeatures,
+    batch_greedy,
+    draft_for,
+    hf_target_head,
+    tiny_llama,
+)
 
 PROMPT, NEW = 6, 26
 

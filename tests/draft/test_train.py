@@ -6,10 +6,9 @@ import torch
 
 from eagle_assets.draft.data import StoreDataset, SyntheticDataset, TokenDataset, global_batch_indices
 from eagle_assets.draft.model import Eagle3Draft
-from eagle_assets.draft.target import HFTargetFeatures, hf_target_head
 from eagle_assets.draft.train import LATEST, TrainConfig, Trainer, latest_checkpoint, lr_lambda
 from eagle_assets.draft.vocab import vocab_from_samples
-from tests.draft.helpers import TINY_AUX, draft_for, small_config, tiny_llama
+from tests.draft.helpers import TINY_AUX, HFTargetFeatures, draft_for, hf_target_head, small_config, tiny_llama
 
 
 def _data(n: int = 24) -> SyntheticDataset:

@@ -3,6 +3,8 @@ import torch
 from eagle_assets.draft.data import SyntheticDataset, collate
 from eagle_assets.draft.model import DraftKVCache, Eagle3Draft
 from eagle_assets.draft.ttt import (
+    HeadFn,
+    TTTOutput,
     needed_target_positions,
     shift_left,
     simulated_acceptance,
@@ -10,10 +12,39 @@ from eagle_assets.draft.ttt import (
     target_distribution,
     ttt_attention_mask,
     ttt_forward,
-    ttt_loss,
 )
 from eagle_assets.draft.vocab import vocab_from_samples
 from tests.draft.helpers import small_config
+
+
+def ttt_loss(
+    model: Eagle3Draft,
+    batch: dict[str, torch.Tensor],
+    target_head: HeadFn,
+    *,
+    steps: int = 7,
+    step_weight: float = 0.8,
+    denominators: torch.Tensor | None = None,
+    attn_impl: str = "eager",
+) -> TTTOutput:
+    """``ttt_forward`` on a collated batch {input_ids, loss_mask, aux, last}, target logits from ``target_head``."""
+    target_p, target_top = target_distribution(
+        batch["last"], target_head, model.used_ids(), needed=needed_target_positions(batch["loss_mask"])
+    )
+    result = ttt_forward(
+        model,
+        batch["aux"],
+        batch["input_ids"],
+        batch["loss_mask"],
+        target_p,
+        target_top,
+        steps=steps,
+        step_weight=step_weight,
+        denominators=denominators,
+        attn_impl=attn_impl,
+    )
+    assert isinstance(result, TTTOutput)
+    return result
 
 
 def _setup(seed: int = 0, n: int = 4):

@@ -3,13 +3,19 @@ import json
 import pytest
 import torch
 
-from eagle_assets.draft.target import TargetHead, load_target_head, target_logits
+from eagle_assets.draft.target import TargetHead, load_target_head
 from eagle_assets.hidden_states.extract_hf import HFFeatureExtractor, extract_hf, pad_batch
 from eagle_assets.hidden_states.layers import AuxLayers
 from eagle_assets.hidden_states.store import HiddenStateStore
 from tests.hidden_states.conftest import direct_forward, make_corpus
 
 F32 = torch.float32
+
+
+def target_logits(last: torch.Tensor, head: TargetHead) -> torch.Tensor:
+    """The target's logits at every stored position, from the stored last hidden state."""
+    with torch.no_grad():
+        return head(last)
 
 
 def flat(corpus):
