@@ -6,14 +6,8 @@ and a plot, and remade on purpose (a top-up, a new choice of ``on_overrun``). Ea
 partition then reads the recorded decision (``plan.plan_gate``); every ``generated/*`` asset lists it
 as a dependency, so materializing the graph plans first.
 
-The pure work is in ``eagle_assets.generation.plan``; this module gathers its inputs:
-
-- the live endpoint table (allowed endpoints and their prices) and the routing mix in the journals;
-- exact prompt token counts of the prompts still pending, from the serving-path renderer;
-- answer lengths: the dataset's own completed answers in the ledger; else a pilot of ``pilot_prompts``
-  bought now and kept as part of the data (their journal is the partition's own); else the other
-  datasets of the same model; else the configured prior, with its source stated in the table;
-- the key's remaining credit and the ledger's spend.
+The pure work is in ``eagle_assets.generation.plan``; this module gathers its inputs (prices, exact prompt
+tokens, answer lengths, the key's credit and the ledger's spend), each as docs/generation-and-budget.md says.
 """
 
 import asyncio

@@ -1,21 +1,12 @@
 """The benchmark prompt sets the published Kimi drafts are measured on, as conversations to send.
 
-Rows come from the Hub (pinned revisions below) in the sets' published column layouts, and are turned
-into conversations the way SpecForge's ``benchmarks/benchmarker`` turns them into requests:
-
-- **MT-Bench** (80 questions, both turns): SpecForge's system prompt, then turn 1, the target's own
-  answer, turn 2. ``HuggingFaceH4/mt_bench_prompts`` (``prompt``: the two turns, ``prompt_id``,
-  ``category``), or FastChat's ``question.jsonl`` layout (``turns``, ``question_id``).
-- **GSM8K** (``openai/gsm8k``, config ``main``, split ``test``, N questions): SpecForge's 5-shot prompt,
-  the first five test rows with their answers as examples, then ``Question: …\\nAnswer:``. As in
-  SpecForge (``eval_lines = lines[5:]``) the questions start after the examples, so none is asked with
-  its own answer in the prompt.
-- **HumanEval** (``openai/openai_humaneval``, split ``test``, 164): the function stub as the user turn.
-- **held-out**: the corpus's eval split, already token ids (never trained on).
-
-Where SpecForge sends raw text, these are sent through the target's chat template with its thinking
-setting (``eagle_assets/benchmarks/formatting.py``): the benchmark measures the draft on prompts as
-they are served.
+Rows come from the Hub (pinned revisions below, listed in docs/draft-and-benchmark.md) in the sets' published
+column layouts, and are turned into conversations the way SpecForge's ``benchmarks/benchmarker`` turns them into
+requests: MT-Bench both turns after SpecForge's system prompt, the second after the target's own answer
+(``HuggingFaceH4/mt_bench_prompts`` or FastChat's ``question.jsonl`` layout); GSM8K SpecForge's 5-shot prompt
+whose questions start after its examples; HumanEval the function stub; held-out the corpus's eval split, already
+token ids. Where SpecForge sends raw text, these go through the target's chat template with its thinking
+setting (``formatting.py``): the benchmark measures the draft on prompts as they are served.
 """
 
 from __future__ import annotations

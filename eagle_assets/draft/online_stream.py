@@ -1,21 +1,16 @@
 """Online features: the target computes each batch's aux and last states while the draft trains, nothing stored.
 
-The stream decides three things, and only these:
-
-- **What is computed, and in which order.** The trainer's own data order (``Trainer.micro_batch_rows``: seed,
-  epoch, batch index) names the dataset rows of every micro-batch; the stream asks the per-batch function for
-  exactly those rows, position after position, from wherever the trainer stands (a resumed run starts at the
-  checkpoint's position, so no row is trained twice in an epoch and none is skipped).
-- **How far ahead.** One background thread produces the next positions' features into a queue of ``depth``
-  entries (bounded: it blocks when the trainer is that far behind), so the target is busy while the draft
-  steps, and host memory holds at most ``depth + 1`` global batches of features, whatever the corpus's size.
-- **What runs before the first optimizer step.** ``gate`` sees the first positions' features (enough rows for
-  the fidelity checks' calibration) before the trainer does; a gate that raises stops the run there.
+What the mode is for and what it guarantees (resume, memory, the fidelity gate): docs/draft-and-benchmark.md,
+"Offline or online features". The stream decides three things, and only these: which rows are computed, in the
+trainer's own order (``Trainer.micro_batch_rows``) from wherever it stands; how far ahead (one background thread,
+a queue of ``depth`` entries that blocks when the trainer is that far behind); and what runs before the first
+optimizer step (``gate`` sees the first positions' features, enough rows for the calibration, and a gate that
+raises stops the run there).
 
 The per-batch function is the extraction's (``RowFeatures``: rows and their dataset indices in, one
 ``{"aux": [L, n_aux*H], "last": [L, H]}`` per row out), bound to a backend outside this package
-(``eagle_assets.hidden_states.online_features``): the online features are the offline store's numbers by
-construction. Features are cast to ``dtype`` as ``StoreDataset`` casts a store's (float32 by default).
+(``eagle_assets.hidden_states.online_features``). Features are cast to ``dtype`` as ``StoreDataset`` casts a
+store's (float32 by default).
 """
 
 from __future__ import annotations

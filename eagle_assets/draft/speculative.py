@@ -43,39 +43,36 @@ def _position_rates(accepted: Sequence[int], k: int) -> list[float]:
     return rates
 
 
-@dataclass
-class SpeculativeResult:
-    tokens: list[int]  # new tokens (EOS included when hit)
+class _Rounds:
     accepted: list[int]  # accepted draft tokens per verification round
+    num_draft_tokens: int
+
+    @property
+    def tau(self) -> float:
+        return sum(n + 1 for n in self.accepted) / len(self.accepted) if self.accepted else 0.0
+
+    @property
+    def position_accept_rate(self) -> list[float]:
+        return _position_rates(self.accepted, self.num_draft_tokens)
+
+
+@dataclass
+class SpeculativeResult(_Rounds):
+    tokens: list[int]  # new tokens (EOS included when hit)
+    accepted: list[int]
     num_draft_tokens: int
 
     @property
     def rounds(self) -> int:
         return len(self.accepted)
 
-    @property
-    def tau(self) -> float:
-        return sum(n + 1 for n in self.accepted) / len(self.accepted) if self.accepted else 0.0
-
-    @property
-    def position_accept_rate(self) -> list[float]:
-        return _position_rates(self.accepted, self.num_draft_tokens)
-
 
 @dataclass
-class AcceptanceStats:
+class AcceptanceStats(_Rounds):
     num_draft_tokens: int
     accepted: list[int] = field(default_factory=list)
     new_tokens: int = 0
     target_forwards: int = 0  # prefills + verification rounds
-
-    @property
-    def tau(self) -> float:
-        return sum(n + 1 for n in self.accepted) / len(self.accepted) if self.accepted else 0.0
-
-    @property
-    def position_accept_rate(self) -> list[float]:
-        return _position_rates(self.accepted, self.num_draft_tokens)
 
     @property
     def tokens_per_target_forward(self) -> float:

@@ -1,15 +1,10 @@
 """Which per-batch function an online run's stream calls: the extraction's own, in process or through SGLang.
 
 Online and offline features are the same numbers by construction because they come from the same function:
-
-- ``hf``: ``HFFeatureExtractor.__call__`` (``extract_hf.py``) over the target loaded beside the draft, with the
-  store's dtype, the store's last kind and the store's layers; the fidelity gate calibrates with the model itself
-  (``calibration.calibrate_shard``).
-- ``sglang``: ``SGLangEngineClient.__call__`` (``extract_sglang.py``), the same request as the extraction, once
-  per pass: the ``aux`` engine (EAGLE-3 capture mode, from the zero-weight capture draft) and the ``last`` engine;
-  one engine cannot return both (``docs/sglang-hidden-states.md``), so an online SGLang run keeps two engines up,
-  on separate GPUs, beside the trainer. The gate calibrates through the ``last`` engine's input log-probabilities
-  (``calibration_sglang.calibrate_shard_engine``).
+``hf``, ``HFFeatureExtractor`` (``extract_hf.py``) over the target loaded beside the draft, the gate calibrating
+with the model itself; ``sglang``, ``SGLangEngineClient`` (``extract_sglang.py``) once per pass, so an online
+SGLang run keeps the ``aux`` and ``last`` engines up beside the trainer, the gate calibrating through the ``last``
+engine's input log-probabilities (``calibration_sglang.calibrate_shard_engine``).
 
 ``online_stream`` is what ``train_cli`` resolves by name (``TokensData.stream``), so that the draft package never
 imports this one (``eagle_assets.hidden_states`` uses ``eagle_assets.draft``, not the reverse).

@@ -13,15 +13,11 @@ around a ``deepseek_v3`` text model, and in that text model what distinguishes D
   ``language_model.lm_head.weight``, per-expert tensors): ``save_pretrained`` writes transformers'
   original-format keys.
 
-Sizes: hidden 64, 7 layers (the EAGLE-3 aux layers [2, 3, 4] as for the tiny Llama), 4 heads with
-``v_head_dim`` 16 (so the draft's head width is 16, MLA sizing), the full Kimi vocabulary (163,840 ids)
-and its special ids. Weights are initialised as the tiny Llama's (one ``torch.Generator``, sorted names):
-embeddings std 1, every projection ``proj_gain / sqrt(fan_in)`` (the experts' 3-D tensors by their input
-width), ``lm_head`` ``logit_std / sqrt(hidden)`` and zero outside the plain-word ids, norms 1, biases 0,
-so its next-token distribution is LM-like and its greedy text round-trips through the tokenizer. Measured
-on random plain-word prompts (seed 0): mean entropy 2.2 nats, mean top-1 probability 0.47, the greedy next
-token equals the one-token-context prediction 47% of the time and changes in 3% of cases when only the
-first prompt token changes (the tiny Llama: 2.6, 0.4, 45%, 12%).
+Sizes: hidden 64, 7 layers (aux [2, 3, 4] as for the tiny Llama), 4 heads with ``v_head_dim`` 16, the full Kimi
+vocabulary and its special ids. Weights follow the tiny Llama's recipe and reasons (``tiny.py``; the experts' 3-D
+tensors by their input width, biases 0). Measured on random plain-word prompts (seed 0): mean entropy 2.2 nats,
+mean top-1 probability 0.47, the greedy next token equals the one-token-context prediction 47% of the time and
+changes in 3% of cases when only the first prompt token changes (the tiny Llama: 2.6, 0.4, 45%, 12%).
 """
 
 from __future__ import annotations

@@ -1,27 +1,11 @@
 """Acceptance length τ and per-position acceptance, computed the way each anchor computes it.
 
-Every backend reduces to the same counts over *verifications* (target forwards that check a draft):
-
-- ``verifications``: SGLang's ``spec_verify_ct`` summed over requests, vLLM's ``num_drafts`` delta, or
-  this project's verification rounds;
-- ``accepted``: draft tokens accepted (the bonus token excluded);
-- ``reached[j]``: verifications in which draft position ``j + 1`` was accepted. Drafts are chains
-  (topk 1), so position ``j + 1`` is accepted exactly when at least ``j + 1`` tokens are, and
-  ``reached`` follows from SGLang's per-request histogram of accepted counts or is vLLM's
-  ``accepted_tokens_per_pos`` counter as it stands;
-- ``output_tokens``: completion tokens.
-
-τ then has two published definitions, and each backend reports the one its anchor reports:
-
-- ``"output_per_verification"`` (SpecForge's benchmarks on SGLang): ``output_tokens / verifications``.
-  The first token of every request comes from prefill, not from a verification, so this is a little
-  above ``1 + accepted / verifications`` on short answers;
-- ``"accepted_per_draft"`` (vLLM's "mean acceptance length", and this project's in-process loop):
-  ``1 + accepted / verifications``.
-
-Per-position acceptance is ``reached[j] / verifications``: the share of verifications that accepted
-position ``j + 1`` (vLLM's "per-position acceptance rate"). It is not conditional on the earlier
-positions, so for chains ``τ = 1 + Σ_j rate_j`` under the second definition.
+Every backend reduces to the same counts over *verifications* (target forwards that check a draft): SGLang's
+``spec_verify_ct`` summed over requests, vLLM's ``num_drafts`` delta, or this project's verification rounds;
+``accepted`` excludes the bonus token, and ``reached[j]`` counts the verifications that accepted draft position
+``j + 1`` (chains, topk 1: SGLang's histogram of accepted counts, or vLLM's ``accepted_tokens_per_pos``). The two
+published definitions of τ (``"output_per_verification"``, SpecForge on SGLang; ``"accepted_per_draft"``, vLLM and
+the in-process loop) and the per-position rate: docs/draft-and-benchmark.md, "What is measured".
 """
 
 from __future__ import annotations

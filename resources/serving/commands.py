@@ -1,17 +1,11 @@
 """The command lines that start SGLang and vLLM with (or, for the baseline pass, without) the EAGLE-3 draft.
 
-Pure functions, so the exact argv is tested and printed in the runbook. Flag names follow the engines'
-CLIs: SGLang ``python -m sglang.launch_server`` (``ServerArgs.add_cli_args``: ``--model-path``,
-``--tp-size``, ``--speculative-algorithm EAGLE3``, ``--speculative-draft-model-path``,
-``--speculative-num-steps``, ``--speculative-eagle-topk``, ``--speculative-num-draft-tokens``,
-``--cuda-graph-max-bs``, ``--max-running-requests``), launched the way SpecForge's
-``benchmarks/bench_eagle3.py`` launches it (batch size = CUDA-graph batch = running requests); vLLM
-``vllm serve MODEL`` with ``--speculative-config '{"method": "eagle3", "model": ..., "num_speculative_tokens": K}'``
-and ``--max-num-seqs``.
-
-Settings mean what SGLang means by them: ``num_steps`` drafting steps, ``eagle_topk`` branches per step,
-``num_draft_tokens`` tokens the target verifies per step (root included: ``num_steps + 1`` for a chain).
-vLLM drafts chains of ``num_speculative_tokens = num_steps``.
+Pure functions, so the exact argv is tested and printed in the runbook (docs/draft-and-benchmark.md). Flag names
+follow the engines' CLIs (SGLang ``ServerArgs.add_cli_args``, ``vllm serve``), launched the way SpecForge's
+``benchmarks/bench_eagle3.py`` launches SGLang (batch size = CUDA-graph batch = running requests). Settings mean
+what SGLang means by them: ``num_steps`` drafting steps, ``eagle_topk`` branches per step, ``num_draft_tokens``
+tokens the target verifies per step (root included: ``num_steps + 1`` for a chain); vLLM drafts chains of
+``num_speculative_tokens = num_steps``.
 """
 
 from __future__ import annotations

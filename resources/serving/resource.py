@@ -1,14 +1,9 @@
 """Which engine benchmarks the draft, and how to reach it: the ``serving`` resource of ``draft_benchmark``.
 
-``backend: inprocess`` (the default) keeps the project's own speculative loop on the target resource's
-model: right for the tiny target and the demo, impossible for a 1T-parameter target. ``sglang`` and
-``vllm`` benchmark through the serving engine, either started here for each pass (``url`` empty: the
-target checkpoint with ``tp_size`` GPUs, the exported draft, a free port on ``host``) or attached to
-servers already running (``url`` with the draft, ``baseline_url`` without it). Set it in the launchpad,
-or for the sensor's runs with ``EAGLE_FORGE_SERVING`` (backend), ``EAGLE_FORGE_SERVING_URL``,
-``EAGLE_FORGE_SERVING_BASELINE_URL``, and for a started server ``EAGLE_FORGE_SERVING_MODEL_PATH`` (the
-target checkpoint, required: the target resource of the definitions is the tiny one) and
-``EAGLE_FORGE_SERVING_TP_SIZE``.
+``inprocess`` (the default) keeps the project's own speculative loop on the target resource's model: right for
+the tiny target, impossible for a 1T-parameter one; ``sglang`` and ``vllm`` start an engine per pass or attach to
+running servers. The backends and the ``EAGLE_FORGE_SERVING*`` variables that set them for the sensor's runs:
+docs/draft-and-benchmark.md, "The benchmark's two backends".
 """
 
 from __future__ import annotations

@@ -1,21 +1,10 @@
 """Acceptance counts from one SGLang ``/generate`` answer's ``meta_info``.
 
-Field names follow SGLang's ``TokenizerManager._calculate_spec_decoding_metrics`` (sgl-project/sglang
-``python/sglang/srt/managers/tokenizer_manager.py`` at commit 001067ff, the v0.5 line), set on the
-finished answer of a server started with ``--speculative-algorithm``:
-
-- ``completion_tokens`` (always) and ``spec_verify_ct`` (verification forwards; omitted when a request
-  finished without any, e.g. one token from prefill alone);
-- ``spec_num_correct_drafts`` (accepted drafts, bonus excluded; older alias ``spec_accepted_drafts``)
-  and ``spec_num_proposed_drafts`` = ``spec_verify_ct × (num_draft_tokens − 1)`` at that commit. Neither
-  τ nor the per-position rates use the proposed count, and a newer release may count proposals
-  otherwise (the server's settings are checked against ``/get_server_info`` before the run), so a
-  different count is a recorded warning (:func:`meta_info_warnings`), not a failure;
-- ``spec_correct_drafts_histogram`` (older alias ``spec_accept_histogram``): entry ``k`` counts the
-  verifications that accepted exactly ``k`` drafts.
-
-Releases before the histogram (v0.4) report only ``completion_tokens`` and ``spec_verify_ct``: τ is then
-still SpecForge's ``completion_tokens / spec_verify_ct``, and the per-position rates are absent.
+Field names, the commit they follow and their older aliases: docs/draft-and-benchmark.md, "Engine versions
+followed". ``spec_verify_ct`` is omitted when a request finished without a verification (one token from prefill
+alone). Neither τ nor the per-position rates use ``spec_num_proposed_drafts``, and a newer release may count
+proposals otherwise, so a different count is a recorded warning (:func:`meta_info_warnings`), not a failure.
+Releases before the histogram (v0.4) still give SpecForge's τ; the per-position rates are then absent.
 """
 
 from __future__ import annotations
