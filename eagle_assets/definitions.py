@@ -1,11 +1,8 @@
 """The one Definitions object: every asset, check, resource and sensor of the pipeline.
 
-The embedded default needs no key and no GPU: the OpenRouter resource points at the bundled
-simulator on loopback (started on demand) and the target is the tiny model built locally. Set
-``EAGLE_FORGE_TARGET=openrouter`` to spend real money through the real API, with the key in
-``/tmp/or-key.txt`` or ``$OPENROUTER_API_KEY``. ``EAGLE_FORGE_SERVING=sglang|vllm`` (with
-``EAGLE_FORGE_SERVING_MODEL_PATH`` or ``EAGLE_FORGE_SERVING_URL``) makes the training sensor's runs end
-with the draft benchmarked through that engine at the references' settings.
+The embedded default needs no key and no GPU: the OpenRouter resource points at the bundled simulator on loopback
+(started on demand) and the target is the tiny model built locally. The variables that switch to the real API or
+a serving engine (``EAGLE_FORGE_TARGET``, ``EAGLE_FORGE_SERVING*``): docs/configuration.md.
 """
 
 from typing import cast

@@ -234,9 +234,9 @@ def make_corpus(model: Any, sizes: Sizes, device: torch.device) -> Corpus:
 
 
 def check_greedy_paths(model: Any, corpus: Corpus, report: Report) -> None:
-    """The project's ``generate_greedy`` (the simulator's and the tests' reference) and the batched loop against a
+    """The tests' ``generate_greedy`` reference loop and the batched loop against a
     cache-free recompute: a KV-cache argument this transformers ignores would decode each token without context."""
-    from eagle_assets.target.tiny import generate_greedy
+    from tests.draft.helpers import generate_greedy
 
     n = 16
     worst = {"generate_greedy": n, "batched": n}

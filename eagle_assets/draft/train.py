@@ -7,18 +7,15 @@ Design choices that make runs reproducible and comparable:
   micro-batches), counted from the masks before any forward. Data-parallel and accumulated runs
   therefore optimise exactly the objective of one process holding the global batch; the only
   differences are floating-point summation order and per-rank padding.
-- **Deterministic data order** (``data.py``): the position in the data is (epoch, batch index,
-  shuffle seed), so a checkpoint resumes bit-for-bit on CPU fp32.
-- **Atomic checkpoints** written by rank 0: ``step-XXXXXXXX.pt`` via temporary file + fsync +
-  rename, then ``latest.json`` the same way; older ones pruned to ``keep_checkpoints``. A checkpoint
-  holds the trainable weights and vocabulary buffers (not the frozen target embedding), optimizer,
-  scheduler, every rank's RNG states, the data position and the best simulated τ so far.
-  Every rank reads the checkpoint on resume, so ``checkpoint_dir`` must be on a disk all ranks share.
+- **Exact resume**: the data order is a function of (seed, epoch, batch index) (``data.py``), and rank 0 writes
+  atomic checkpoints (``checkpoint.py``; older ones pruned to ``keep_checkpoints``) holding the trainable weights
+  and vocabulary buffers (not the frozen target embedding), optimizer, scheduler, every rank's RNG states, the
+  data position and the best simulated τ so far. Every rank reads the checkpoint on resume, so
+  ``checkpoint_dir`` must be on a disk all ranks share.
 - **bf16 autocast on CUDA only**; fp32 master weights, fp32 softmax/loss. CPU runs stay fp32 so that
   exactness tests are meaningful.
-- **Online mode**: pass ``stream`` (``online_stream.OnlineFeatureStream``: the extraction's per-batch function,
-  a bounded prefetch thread, a fidelity gate before the first step) and a dataset of token rows; or, simpler
-  and synchronous, ``features(input_ids) -> (aux, last)``, run inside the training step under ``no_grad``.
+- **Online mode**: pass ``stream`` (``online_stream.OnlineFeatureStream``) and a dataset of token rows; or,
+  simpler and synchronous, ``features(input_ids) -> (aux, last)``, run inside the training step under ``no_grad``.
 
 The metrics callback runs on rank 0 after every optimizer step with globally reduced numbers.
 """

@@ -1,11 +1,8 @@
 """What the hidden-state fidelity checks share: their settings, the positions they look at, the figures.
 
-A store can be structurally perfect and still wrong: states shifted by one position, a layer captured twice or
-from the wrong depth, another model's states, a final state that is not the one the target's head reads. None of
-that raises; it shows up a night of training later as an acceptance length near 1. The checks catch it from the
-store alone plus the target's head, against a **calibration** made where the target runs anyway (the extraction
-step): the target run in full on a few samples of the same shard (``calibration.py``). Every threshold is a
-fraction of what the target itself does on that calibration sample; none is a constant chosen to pass.
+Why a whole store can still be wrong, and why every threshold is a fraction of what the target itself does on a
+calibration sample of the same shard (``calibration.py``) rather than a constant chosen to pass:
+docs/hidden-states.md.
 
 Positions: a *scored* position ``t`` is one whose next token is a response token (``loss_mask[t+1] == 1``): there
 the last state at ``t`` must predict ``input_ids[t+1]`` through the target's head. Every choice of positions is

@@ -1,15 +1,11 @@
 """The fidelity gate of an online run: the three blocking checks on the first batches of the feature stream.
 
-Offline, a store is checked after its extraction and training refuses a store that failed. Online there is no
-store to check, so the same checks run on the stream itself, before the first optimizer step: the features of the
-stream's first batches (``gate_rows`` rows, at least the calibration's samples) are written as a one-shard
-scratch store, the target is run in full on them (``calibration.py`` in process, ``calibration_sglang.py``
-through the engine), and ``run_fidelity_checks`` holds the one to the other. The checks, their thresholds and
-their messages are the offline ones; the partition is named ``online`` (``hidden_states online shard-00000:
-aux_layers FAILED: slot high claims layer 4 but is nearest to layer 5``).
-
-The scratch store is a few samples (for Kimi K2.5, 4 samples of 4k tokens: about 1 GB), lives in the run's own
-folder (never under ``hidden_states/``) and is removed as soon as the checks have run, pass or fail.
+Online there is no store to check, so the offline checks (their thresholds and messages; the partition is named
+``online``) run on the stream itself before the first optimizer step: the first ``gate_rows`` rows (at least the
+calibration's samples) are written as a one-shard scratch store in the run's own folder (never under
+``hidden_states/``), the target is run in full on them (``calibration.py`` in process, ``calibration_sglang.py``
+through the engine), ``run_fidelity_checks`` holds the one to the other, and the scratch store is removed, pass
+or fail. Its size: docs/draft-and-benchmark.md.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """HTTP clients for the two engines' real APIs: what the benchmark sends and what it reads back.
 
-- SGLang: ``POST /generate`` with ``input_ids`` (the prompt exactly as this project tokenizes it, so no
-  server-side chat template is involved) and ``sampling_params`` (``max_new_tokens``, ``temperature``,
-  ``skip_special_tokens: false`` so that ``</think>`` stays in the text); the answer's ``meta_info``
-  carries the acceptance counts. ``GET /get_server_info`` gives the server args the run is checked
-  against, ``POST /flush_cache`` empties the radix cache between sets (as SpecForge does).
-- vLLM: ``POST /v1/completions`` with a token-id ``prompt`` (OpenAI's completions API accepts a list of
-  ints); acceptance comes from ``GET /metrics`` (``resources/serving/vllm_metrics.py``);
-  ``GET /version`` names the release.
+SGLang: ``POST /generate`` with ``input_ids`` and ``sampling_params`` (``skip_special_tokens: false`` so that
+``</think>`` stays in the text), acceptance counts in the answer's ``meta_info``, ``GET /get_server_info`` for the
+check before a run, ``POST /flush_cache`` between sets. vLLM: ``POST /v1/completions`` with a token-id ``prompt``,
+acceptance from ``GET /metrics`` (``vllm_metrics.py``), ``GET /version``. Why token ids and which sources these
+follow: docs/draft-and-benchmark.md.
 
 A connection that is refused or torn raises :class:`ServerDiedError` (the caller knows whether it started
 the server and can say why it died); an error status raises :class:`EngineResponseError` with the body.

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
 from eagle_assets.draft.model import Eagle3Config, Eagle3Draft
 from eagle_assets.draft.target import hf_forward
+from eagle_assets.target.tiny import KIMI_EOS_ID
 
 TINY_VOCAB = 512
 TINY_LAYERS = 4
@@ -101,3 +103,39 @@ class HFTargetFeatures:
 def hf_target_head(model: PreTrainedModel) -> nn.Module:
     """The model's own ``lm_head``: exactly the target's logits from its post-norm last hidden state."""
     return model.get_output_embeddings()
+
+
+@torch.inference_mode()
+def generate_greedy(
+    model: Any,
+    input_ids: torch.Tensor | list[int],
+    max_new_tokens: int,
+    eos_id: int | None = KIMI_EOS_ID,
+) -> list[int]:
+    """Greedy continuation of one sequence with a KV cache; returns the new ids (eos included).
+
+    A hand-written loop rather than ``model.generate`` so that the behaviour is pinned here
+    (no generation-config defaults, no sampling flags) and the speculative-decoding tests can
+    compare against exactly this procedure.
+    """
+    device = next(model.parameters()).device
+    ids = torch.as_tensor(input_ids, dtype=torch.long, device=device)
+    if ids.ndim == 2:
+        if ids.shape[0] != 1:
+            raise ValueError("generate_greedy takes one sequence")
+        ids = ids[0]
+    if ids.numel() == 0:
+        raise ValueError("generate_greedy needs at least one input token")
+    out: list[int] = []
+    cache = DynamicCache()
+    step_input = ids[None, :]
+    position = torch.arange(ids.numel(), device=device)[None, :]
+    for _ in range(max_new_tokens):
+        logits = model(input_ids=step_input, cache=cache, use_cache=True, position_ids=position).logits
+        nxt = int(logits[0, -1].argmax())
+        out.append(nxt)
+        if eos_id is not None and nxt == eos_id:
+            break
+        step_input = torch.tensor([[nxt]], device=device)
+        position = position[:, -1:] + 1
+    return out

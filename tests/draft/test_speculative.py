@@ -5,13 +5,13 @@ from eagle_assets.draft.data import TokenDataset
 from eagle_assets.draft.speculative import evaluate_acceptance, speculative_generate
 from eagle_assets.draft.train import TrainConfig, Trainer
 from eagle_assets.draft.vocab import vocab_from_samples
-from eagle_assets.target.tiny import generate_greedy
 from tests.draft.helpers import (
     TINY_AUX,
     TINY_VOCAB,
     HFTargetFeatures,
     batch_greedy,
     draft_for,
+    generate_greedy,
     hf_target_head,
     tiny_llama,
 )

@@ -9,10 +9,10 @@ from eagle_assets.target.tiny import (
     KIMI_VOCAB_SIZE,
     TinyTargetSpec,
     build_tiny_target,
-    generate_greedy,
     load_target,
     make_tiny_target,
 )
+from tests.draft.helpers import generate_greedy
 
 
 def test_config_is_kimi_shaped(tiny_model):
