@@ -492,10 +492,10 @@ def report_training(report: Report, steps: list[Any]) -> dict[str, Any]:
 
 def acceptance(model: Any, export: Path, prompts: list[list[int]], sizes: Sizes, device: torch.device) -> dict:
     """``draft_benchmark.run_inprocess``: the trained draft and an untrained one through the speculative loop."""
-    from eagle_assets.benchmarks.acceptance import tally_from_rounds
     from eagle_assets.draft.export import load_draft
     from eagle_assets.draft.model import Eagle3Draft
     from eagle_assets.draft.speculative import evaluate_acceptance
+    from resources.serving.acceptance import AcceptanceTally
 
     embed = model.get_input_embeddings().weight.detach().float()
     trained = load_draft(export, embed_weight=embed, device=device)
@@ -507,7 +507,7 @@ def acceptance(model: Any, export: Path, prompts: list[list[int]], sizes: Sizes,
         t0 = time.monotonic()
         stats = evaluate_acceptance(model, draft, prompts, sizes.max_new_tokens, num_draft_tokens=EAGLE_STEPS)
         sync(device)
-        tally = tally_from_rounds(stats.accepted, EAGLE_STEPS, stats.new_tokens)
+        tally = AcceptanceTally.from_rounds(stats.accepted, EAGLE_STEPS, stats.new_tokens)
         out[name] = {
             "tau": round(tally.tau or 0.0, 4),
             "per_position": [round(r, 4) for r in tally.position_rates or []],

@@ -19,13 +19,13 @@ import dagster as dg
 from pydantic import Field
 
 from eagle_assets.assets.failures import fail
-from eagle_assets.benchmarks.acceptance import AcceptanceTally
 from eagle_assets.benchmarks.prompt_sets import PROMPT_SETS, PromptSetError
 from eagle_assets.benchmarks.reference import REFERENCES, Comparability, comparable
 from eagle_assets.benchmarks.results import SetResult, reference_table, results_table
 from eagle_assets.benchmarks.serving_benchmark import EnginePlan
 from eagle_assets.layout import benchmark_runs_dir, corpus_split_dir
 from eagle_assets.markdown import table
+from resources.serving.acceptance import AcceptanceTally
 from resources.serving.commands import SettingsError, SpeculativeSettings
 from resources.serving.resource import ServingEngineResource
 from resources.target.resource import TargetModelResource
@@ -101,7 +101,6 @@ def run_inprocess(
 ) -> dg.MaterializeResult:
     import torch
 
-    from eagle_assets.benchmarks.acceptance import tally_from_rounds
     from eagle_assets.draft.export import load_draft
     from eagle_assets.draft.model import Eagle3Draft
     from eagle_assets.draft.speculative import evaluate_acceptance
@@ -134,7 +133,7 @@ def run_inprocess(
     new_tokens = 0
     for name, draft in (("trained", trained), ("untrained", untrained)):
         stats = evaluate_acceptance(model, draft, prompts, max_new, num_draft_tokens=k)
-        tallies[name] = tally_from_rounds(stats.accepted, k, stats.new_tokens)
+        tallies[name] = AcceptanceTally.from_rounds(stats.accepted, k, stats.new_tokens)
         new_tokens = new_tokens or stats.new_tokens
         rates = [round(r, 3) for r in tallies[name].position_rates or []]
         context.log.info(f"{name}: acceptance length τ {tallies[name].tau:.3f}, per position {rates}")

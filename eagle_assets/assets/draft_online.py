@@ -1,12 +1,9 @@
-"""``draft_model`` with ``features: online``: the draft trains on the corpus's token rows while the target computes
-their features; no hidden-state store is read or written.
+"""``draft_model`` with ``features: online`` (docs/draft-and-benchmark.md): the draft trains on the corpus's token rows
+while the target computes their features; no hidden-state store is read or written.
 
-What differs from the offline materialization, and only this: the run's inputs are the train split's corpus shards
-(their file fingerprints name the run directory, so a re-materialization of the same corpus resumes), the rows go
-to the trainer as token rows (``tokens.jsonl`` in the run directory, in the order the stores would hold them:
-partitions sorted, then shard order), and the trainer's data section is ``TokensData`` (the extraction's per-batch
-function for the target's backend, prefetched, checked on its first rows). The materialization records the mode,
-the target's tokens/s, the draft's tokens/s and the bytes written under ``hidden_states/`` (0).
+What differs from the offline materialization: the run's inputs are the train split's corpus shards (their file
+fingerprints name the run directory), the rows go to the trainer as ``tokens.jsonl`` in the run directory (in the
+order the stores would hold them), and the trainer's data section is ``TokensData``.
 """
 
 import hashlib

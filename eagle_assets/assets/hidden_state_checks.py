@@ -1,11 +1,9 @@
 """The hidden-state fidelity checks in Dagster: blocking check specs on ``hidden_states``, their results and status.
 
-A thin layer over ``eagle_assets.hidden_states.fidelity_checks`` (the logic) and ``calibration`` (the target run in
-full). The checks run inside the ``hidden_states`` step, where the target is loaded anyway, right after the
-store is written: blocking, so a failing shard fails its step and stops whatever follows in the same run. The
-draft is usually trained in a run of its own (the ``draft_training`` sensor), so the sensor and ``draft_model``
-also read the checks' latest results per partition (``fidelity_failures``) and refuse shards whose checks did
-not pass on their latest materialization.
+A thin layer over ``eagle_assets.hidden_states.fidelity_checks``. The checks run inside the ``hidden_states``
+step, where the target is loaded anyway, blocking, so a failing shard stops whatever follows in the same run. The
+draft is usually trained in a run of its own, so the sensor and ``draft_model`` also read the checks' latest
+results per partition (``fidelity_failures``) and refuse shards whose checks did not pass.
 """
 
 from collections.abc import Sequence

@@ -1,13 +1,9 @@
 """Hidden-state stores: the target's three auxiliary features (and last state) for every corpus token.
 
-Partitioned by corpus shard; each partition is a store of its own (``hidden_states/<shard>``), written
-atomically and skipped when already complete, so a re-run resumes. These steps
-need the target model and its accelerators: they are tagged and pooled (``gpu``, one at a time per
-host) so that the rest of the pipeline can run anywhere while they run where the GPUs are.
-
-Every materialization ends with three blocking fidelity checks of the store (``hidden_state_checks``): the
-target is run in full on a few of the shard's samples (calibration: in-process for the HF backend, through the
-engine's input log-probabilities for SGLang), and the store must match it.
+Partitioned by corpus shard; each partition is a store of its own (``hidden_states/<shard>``), written atomically
+and skipped when already complete, so a re-run resumes. These steps need the target and its accelerators: tagged
+and pooled (``gpu``, one at a time per host) so the rest of the pipeline runs anywhere. Every materialization ends
+with the three blocking fidelity checks of the store against its calibration (docs/hidden-states.md).
 """
 
 import time

@@ -1,13 +1,9 @@
 """Published acceptance lengths of Kimi EAGLE-3 drafts, shown beside this platform's figures as reference.
 
-All three were reported with SGLang at 3 steps, topk 1, 4 draft tokens (the nvidia figure as "draft
-length 3"), τ as SpecForge computes it (completion tokens over verifications). Ours is comparable to
-them only when measured the same way: :func:`comparable` says whether it was and, when not, why, so a
-figure from a 2-question smoke run can never be read against a published one.
-
-What the references published beyond τ: lightseekorg's card gives the questions per set (MT-Bench 80,
-GSM8K 500, HumanEval 164, through SpecForge's ``bench_eagle3.py``, whose per-set max tokens are this
-benchmark's defaults); the others give no counts. None says whether the target was thinking.
+All three were reported with SGLang at 3 steps, topk 1, 4 draft tokens, τ as SpecForge computes it; what else
+they published and when ours is comparable: docs/draft-and-benchmark.md. :func:`comparable` says whether a run was
+measured the same way and, when not, why, so a figure from a 2-question smoke run can never be read against a
+published one.
 """
 
 from __future__ import annotations

@@ -2,14 +2,8 @@
 
 A dataset is anything with ``__len__`` and ``__getitem__(i) -> dict`` holding ``input_ids`` [T],
 ``loss_mask`` [T] and, for offline training, ``aux`` [T, n_aux*H] and ``last`` [T, H]. Online
-training (features computed by the target during training) needs only the first two.
-
-- ``SyntheticDataset``: in memory, generated from a seed, with features that make the target's next
-  token learnable (tests and benchmarks).
-- ``StoreDataset``: adapter over a hidden-state store reader (duck-typed on
-  ``eagle_assets.hidden_states.store.HiddenStateStore``: ``__len__``/``__getitem__`` returning those
-  keys), adding truncation, dtype and shape checks.
-- ``TokenDataset``: rows of token ids + mask for online training.
+training (features computed by the target during training) needs only the first two. ``StoreDataset`` is
+duck-typed on ``eagle_assets.hidden_states.store.HiddenStateStore`` (``__len__``/``__getitem__``).
 
 Order: each epoch is one permutation of the indices drawn from ``(seed, epoch)`` alone, cut into
 global batches of ``world_size × grad_accum × batch_size`` rows; the incomplete tail is dropped so

@@ -53,12 +53,9 @@ def write_capture_draft(
 ) -> Path:
     """Write a zero-weight EAGLE-3 draft whose only job is to make the target capture ``layers``.
 
-    SGLang turns on aux capture in the target only in EAGLE-3 speculative mode, reading the layer
-    ids from the draft's ``eagle_config.eagle_aux_hidden_state_layer_ids`` (explicit ids, +1 inside
-    SGLang: hence ``layers.sglang_ids``). Zero weights keep the draft's outputs finite and its
-    proposals irrelevant: with ``max_new_tokens=1`` the answer comes from the target's prefill.
-    Any trained EAGLE-3 draft of the target with the same layer ids works as well. Its ``config.json`` is
-    the exporter's (``draft/export.py``), so a key both engines read is written in one place only.
+    The ids go in SGLang's spelling (``layers.sglang_ids``, +1 inside SGLang). Zero weights keep the draft's outputs
+    finite and its proposals irrelevant: with ``max_new_tokens=1`` the answer comes from the target's prefill. Any
+    trained EAGLE-3 draft of the target with the same layer ids works as well.
     """
     from eagle_assets.draft.export import export_config
     from eagle_assets.draft.model import Eagle3Config

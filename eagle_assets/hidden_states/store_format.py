@@ -13,13 +13,10 @@ high, in layer order), ``last`` [T, H], ``input_ids`` [T] int32, ``loss_mask`` [
 carries the shard's sample ids and an input fingerprint, so a file can be checked on its own
 (``shard_file.py`` writes and checks one file, ``store_writer.py`` owns the index, ``store.py`` reads).
 
-- **The last hidden state is the final norm's output** (``last_kind="post_norm"``): HF's
-  ``output_hidden_states[-1]``, SGLang's ``return_hidden_states`` output and SpecForge's
-  ``last_hidden_states`` are all this tensor, so the target's logits are ``lm_head(last)`` — see
-  ``TargetHead`` (``draft/target.py``), whose test reproduces the model's logits from the store. ``"pre_norm"`` (the
-  last decoder layer's raw output, logits = ``lm_head(norm(last))``) is available from the HF backend
-  for trainers that want to apply the norm themselves.
-- Default dtype bf16 (what the target computes in; (3 + 1) × H × 2 bytes per token); fp32 for tests.
+The last hidden state is the final norm's output (``last_kind="post_norm"``, as HF's ``output_hidden_states[-1]``,
+SGLang's ``return_hidden_states`` and SpecForge's ``last_hidden_states``), so the target's logits are
+``lm_head(last)`` (``draft/target.py``); ``"pre_norm"`` is available from the HF backend. Default dtype bf16
+((3 + 1) × H × 2 bytes per token); fp32 for tests.
 """
 
 from __future__ import annotations

@@ -5,36 +5,23 @@ sees exactly the token ids the real target sees (163,840 ids, ``<|im_end|>`` = 1
 It later generates the demo's responses and serves as the target of speculative-decoding tests, so
 its greedy output must depend on its input.
 
-Why the init is not Hugging Face's default: with ``initializer_range=0.02`` everywhere the logits
-are nearly flat (entropy ≈ ln 163840 ≈ 12 nats), so a "target distribution" carries no signal for
-the draft's soft cross-entropy, and the layers add almost nothing to the residual stream. We
-initialise every tensor ourselves from one ``torch.Generator`` (independent of HF's init order, so a
-seed gives the same weights on any transformers version):
+Why the init is not Hugging Face's default: with ``initializer_range=0.02`` everywhere the logits are nearly flat
+(entropy ≈ ln 163840 ≈ 12 nats), so a "target distribution" carries no signal for the draft's soft cross-entropy.
+``_init_weights`` draws every tensor from one ``torch.Generator`` (so a seed gives the same weights on any
+transformers version): embeddings std 1, so token identity is strong; projections ``proj_gain / sqrt(fan_in)``
+with ``proj_gain = 0.3``, so the next token is mostly decided by recent tokens but context matters (on random
+prompts the greedy next token equals the one-token-context prediction about 45% of the time and changes in about
+12% of cases when only the *first* prompt token changes; gain 1.0 is chaotic, 0.16 a bigram table); ``lm_head``
+std ``logit_std / sqrt(hidden)`` with ``logit_std = 6``, an LM-like distribution after the final RMSNorm (mean
+entropy ≈ 2.6 nats, mean top-1 probability ≈ 0.4).
 
-- embeddings with std 1, so token identity is strong;
-- attention and MLP projections with std ``proj_gain / sqrt(fan_in)``, ``proj_gain = 0.3``: each
-  sub-layer adds a modest contribution, so the next token is mostly decided by recent tokens but
-  context matters (measured on random prompts: the greedy next token equals the one-token-context
-  prediction about 45% of the time and changes in about 12% of cases when only the *first* prompt
-  token changes; gain 1.0 makes it chaotic, gain 0.16 makes it a bigram table);
-- ``lm_head`` with std ``logit_std / sqrt(hidden)``, ``logit_std = 6``: after the final RMSNorm the
-  logits have std ≈ 6, giving an LM-like next-token distribution (mean entropy ≈ 2.6 nats, mean
-  top-1 probability ≈ 0.4) instead of a flat one;
-- norms at 1.
-
-Its output vocabulary is restricted to the ~36k plain-word ids of ``tokenization.safe_vocab``
-(the other ``lm_head`` rows are zero, so their logits are 0 while the best plain word's is far
-above): the demo's responses are this model's greedy output turned into text by the simulator and
-tokenized again by the pipeline, and only for these ids is that round trip exact. So the data the
-draft trains on, the hidden states, and the target it is benchmarked against are one and the same
-model's behaviour.
-
-``tests/hidden_states/test_tiny_target.py`` pins the outcome: greedy continuations differ between
-prompts, are not stuck in a loop, and depend on more than the last token. ``<|im_end|>`` is as likely
-as any other id outside the plain words: never chosen, so greedy responses run to ``max_new_tokens``.
-
-The model is stored in float32 (about 84 MB: two 163,840 × 64 matrices dominate) so that exactness
-tests need no up-casting; load it in bf16 when speed matters.
+Its output vocabulary is restricted to the ~36k plain-word ids of ``tokenization.safe_vocab`` (the other
+``lm_head`` rows are zero): the demo's responses are this model's greedy output turned into text by the simulator
+and tokenized again by the pipeline, and only for these ids is that round trip exact, so the data the draft trains
+on, the hidden states and the target it is benchmarked against are one model's behaviour. ``<|im_end|>`` is never
+chosen, so greedy responses run to ``max_new_tokens`` (``tests/hidden_states/test_tiny_target.py`` pins this and
+that continuations differ between prompts). Stored in float32 (about 84 MB) so that exactness tests need no
+up-casting; load it in bf16 when speed matters.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ the in-process loop) and the per-position rate: docs/draft-and-benchmark.md, "Wh
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -39,6 +39,13 @@ class AcceptanceTally:
     @classmethod
     def empty(cls, num_steps: int, definition: TauDefinition) -> AcceptanceTally:
         return cls(num_steps, definition, 0, 0, [0] * num_steps, 0)
+
+    @classmethod
+    def from_rounds(cls, accepted_per_round: Iterable[int], num_steps: int, output_tokens: int) -> AcceptanceTally:
+        """The in-process loop's rounds (accepted drafts per verification) as a tally."""
+        rounds = list(accepted_per_round)
+        reached = [sum(1 for n in rounds if n > j) for j in range(num_steps)]
+        return cls(num_steps, "accepted_per_draft", len(rounds), sum(rounds), reached, output_tokens).check()
 
     def check(self) -> AcceptanceTally:
         """Raise when the counts are impossible; a wrong counter name or a delta over a restart shows here."""

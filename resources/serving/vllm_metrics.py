@@ -1,17 +1,11 @@
 """vLLM's speculative-decoding counters, scraped from ``/metrics`` before and after a run.
 
-vLLM reports acceptance per server, not per request, as Prometheus counters. Names and labels follow
-``SpecDecodingProm`` in vllm-project/vllm ``vllm/v1/spec_decode/metrics.py`` (commit 016a8587, the V1
-engine, v0.10/v0.11 line): counters ``vllm:spec_decode_num_drafts``, ``…_num_draft_tokens``,
-``…_num_accepted_tokens`` and ``…_num_accepted_tokens_per_pos`` (one series per ``position`` label
-0..num_speculative_tokens−1), all labelled ``model_name`` and ``engine`` and exposed, as
-``prometheus_client`` writes counters, with a ``_total`` suffix. vLLM's own log line computes the mean
-acceptance length as ``1 + accepted / drafts`` and the per-position rate as ``per_pos / drafts``;
-so does :mod:`resources.serving.acceptance`. Series of every ``engine`` (data-parallel ranks)
-are summed.
-
-The counters are global: a delta is this benchmark's only if nothing else used the server between
-the two scrapes (true for a server the benchmark started; the README says so for attached ones).
+vLLM reports acceptance per server, not per request, as Prometheus counters (``SpecDecodingProm``; the names,
+labels and commit followed: docs/draft-and-benchmark.md, "Engine versions followed"), exposed with the ``_total``
+suffix ``prometheus_client`` writes. vLLM's own log line computes the mean acceptance length as
+``1 + accepted / drafts`` and the per-position rate as ``per_pos / drafts``; so does
+:mod:`resources.serving.acceptance`. Series of every ``engine`` (data-parallel ranks) are summed. The counters are
+global: a delta is this benchmark's only if nothing else used the server between the two scrapes.
 """
 
 from __future__ import annotations

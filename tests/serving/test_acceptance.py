@@ -4,7 +4,6 @@ import math
 
 import pytest
 
-from eagle_assets.benchmarks.acceptance import sum_tallies, tally_from_rounds
 from resources.serving.acceptance import AcceptanceError, AcceptanceTally, reached_from_histogram
 from resources.serving.errors import EngineResponseError, SpeculationMissing
 from resources.serving.prometheus import MetricsFormatError, matching, parse_metrics
@@ -42,7 +41,7 @@ def test_sglang_tau_is_completion_over_verifications_summed_over_requests():
     # request 2: a short histogram (SGLang grows it on demand) pads with zeros.
     b = tally_from_meta_info(sglang_meta(7, 5, [3, 2]), num_steps=3)
     assert b.reached == [2, 0, 0]
-    total = sum_tallies([a, b], 3, "output_per_verification")
+    total = sum([a, b], AcceptanceTally.empty(3, "output_per_verification"))
     assert total.tau == pytest.approx(38 / 15)  # SpecForge: sum(completion_tokens) / sum(spec_verify_ct)
     assert total.position_rates == pytest.approx([11 / 15, 7 / 15, 4 / 15])
     assert total.accept_rate == pytest.approx(22 / 45)
@@ -78,7 +77,7 @@ def test_a_proposed_count_other_than_verifications_times_draft_tokens_is_a_warni
 
 
 def test_in_process_rounds_give_the_same_definition_as_vllm():
-    t = tally_from_rounds([3, 0, 2, 1], num_steps=3, output_tokens=11)
+    t = AcceptanceTally.from_rounds([3, 0, 2, 1], num_steps=3, output_tokens=11)
     assert t.tau == pytest.approx(1 + 6 / 4)
     assert t.position_rates == pytest.approx([3 / 4, 2 / 4, 1 / 4])
     assert t.tau == pytest.approx(1 + sum(t.position_rates))  # chains: τ = 1 + Σ rate_j
