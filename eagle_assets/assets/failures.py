@@ -1,20 +1,16 @@
 """Where a project error becomes a Dagster failure, and whether Dagster may retry it: here, and only here.
 
 Every asset that stops on purpose raises ``fail(...)``, and every asset that turns a project error
-(``eagle_assets.errors``) into a failure does so inside ``project_errors_fail()``, so that "is this
-retryable?" is decided in one place instead of by an ``allow_retries=`` argument remembered (or
-forgotten) at each ``raise``: ``fail`` takes none, and every failure it makes is final.
+(``eagle_assets.errors``) into a failure does so inside ``project_errors_fail()``, so that "is this retryable?"
+is decided in one place instead of by an ``allow_retries=`` argument remembered (or forgotten) at each ``raise``.
 
-The rule: a project error is final for the run (``allow_retries=False``): a retry would meet the
-same refusal, and for generation it could spend money again before meeting it. ``Resumable`` errors
-(a lost lease) are let through untouched, so the run fails with their own class, as it always did, and
-a rerun continues where it stopped. A budget stop is not an exception but a report; its asset raises
-``fail(...)`` with the resumable wording and its metadata, as final as the others. So are the refusals an
-asset decides itself (no eval split, no exported draft, a generation stop it does not know): each would
-meet a retry the same way. A failure that a retry could turn another way without spending money twice
-would need its own class here, not a flag at the ``raise``; none does today. Errors that are not the
-project's are not touched either: they are bugs or the environment, and Dagster shows them as they are
-(and a RetryPolicy may retry them).
+The rule: a project error is final for the run (``allow_retries=False``): a retry would meet the same refusal, and
+for generation it could spend money again before meeting it. So are a budget stop (a report, raised as ``fail``
+with the resumable wording) and the refusals an asset decides itself (no eval split, no exported draft). A failure
+a retry could turn another way without spending twice would need its own class here; none does today.
+``Resumable`` errors (a lost lease) pass untouched, so the run fails with their own class and a rerun continues.
+Errors that are not the project's are not touched either: bugs or the environment, which Dagster shows as they
+are (and a RetryPolicy may retry).
 """
 
 from collections.abc import Iterator, Mapping

@@ -1,9 +1,8 @@
 """The EAGLE-3 draft: ``fc`` over the target's aux features, one Llama decoder layer, ``norm``, ``lm_head``.
 
-Parameter and buffer names are those of SGLang's and vLLM's ``LlamaForCausalLMEagle3`` checkpoints
-(``fc.weight``, ``midlayer.self_attn.{q,k,v,o}_proj.weight``, ``midlayer.mlp.{gate,up,down}_proj.weight``,
-``midlayer.{input_layernorm,hidden_norm,post_attention_layernorm}.weight``, ``norm.weight``,
-``lm_head.weight``, ``d2t``, ``t2d``), so ``export.py`` writes the state dict as is.
+Parameter and buffer names are those of SGLang's and vLLM's ``LlamaForCausalLMEagle3`` checkpoints (``fc``,
+``midlayer.*`` with ``hidden_norm`` beside the Llama layer's norms, ``norm``, ``lm_head``, ``d2t``, ``t2d``), so
+``export.py`` writes the state dict as is.
 
 One draft step, for a hidden state ``h`` (``fc(aux)`` at step 0, the previous step's output later)
 and the embedding ``e`` of the next token::

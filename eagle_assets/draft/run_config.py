@@ -1,11 +1,9 @@
 """A draft training run's configuration, typed once: the ``draft_model`` asset, ``run.json`` and the trainer share it.
 
-Why one model: the asset used to turn its typed Dagster config into a hand-built dict that ``train_cli``
-parsed back with defaults of its own, so a default could differ between the two, and a misspelt key in a
-run file was silently ignored. Every section of the run file is now a pydantic model that forbids unknown
-keys (as SpecForge's ``config/schema.py`` does): a misspelt key fails validation with its name before
-anything is loaded, and each default is written here only. The asset builds a ``DraftRunConfig``, writes
-it as ``run.json`` and Dagster Pipes hands that file to the training process, which validates it back.
+Every section of the run file is a pydantic model that forbids unknown keys (as SpecForge's ``config/schema.py``
+does): a misspelt key fails validation with its name before anything is loaded, and each default is written here
+only, so the asset and ``train_cli`` cannot disagree on one. The asset builds a ``DraftRunConfig``, writes it as
+``run.json`` and Dagster Pipes hands that file to the training process, which validates it back.
 
 ``TrainKnobs`` are the hyperparameters the platform's users set: the asset's Dagster config inherits them
 (same names, bounds and defaults) and passes them to ``TrainConfig`` by name.

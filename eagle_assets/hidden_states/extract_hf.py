@@ -1,20 +1,16 @@
 """Backend 1: target features from a Hugging Face causal LM, in this process.
 
-For targets that fit one device (the tiny target, 8B-class models on one GPU, any model on CPU for
-tests). Kimi K2.5 needs tensor parallelism: see ``extract_sglang.py``.
+For targets that fit one device (the tiny target, 8B-class models on one GPU, any model on CPU for tests); Kimi
+K2.5 needs tensor parallelism (``extract_sglang.py``). Cheaper than ``model(..., output_hidden_states=True)`` in
+a loop, with equal output (``tests/hidden_states/test_extract_hf.py`` compares both, per sample, unpadded):
 
-What makes it cheaper than ``model(..., output_hidden_states=True)`` in a loop, with equal output
-(``tests/hidden_states/test_extract_hf.py`` compares both, per sample, unpadded):
-
-- **No lm_head.** Only the decoder runs (``model.get_decoder()``); the vocabulary projection is
-  never computed. For a 163,840-token vocabulary that is the dominant cost of a small model and a
-  [batch, seq, 163840] float tensor of memory for any model (10.7 GB in fp32 at 16k tokens).
-- **Hooks, not all hidden states.** Forward pre-hooks on the three chosen decoder layers capture
-  their inputs (HF index i = input of layer i); the last hidden state is the decoder's output. The
-  N+1 hidden-state tuple is never materialised.
-- **Token-budget batches sorted by length** (``pipeline.plan_batches``), right-padded with an
-  attention mask; features are cast to the store dtype on the device before one device→host copy
-  per batch, and written by a background thread while the next batch runs.
+- **No lm_head.** Only the decoder runs (``model.get_decoder()``): for a 163,840-token vocabulary the projection
+  is the dominant cost of a small model and a [batch, seq, 163840] tensor for any (10.7 GB in fp32 at 16k tokens).
+- **Hooks, not all hidden states.** Forward pre-hooks on the three chosen decoder layers capture their inputs
+  (HF index i = input of layer i); the last hidden state is the decoder's output.
+- **Token-budget batches sorted by length** (``pipeline.plan_batches``), right-padded with an attention mask;
+  features are cast to the store dtype on the device before one device→host copy per batch, and written by a
+  background thread while the next batch runs.
 """
 
 from __future__ import annotations
