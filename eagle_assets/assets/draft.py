@@ -115,10 +115,8 @@ def run_identity(model_id: str, shards: dict[str, str], config: DraftTrainConfig
 def publish_export(export: Path, latest: Path) -> None:
     """``latest/export`` := a copy of the run's export, plus ``latest/export-vllm`` as a relative symlink to it.
 
-    One folder serves both engines (``eagle_assets/draft/export.py``); the alias only keeps the path of the
-    former vLLM-only folder working. Published as a new version (``durable_files.publishing_directory``):
-    ``latest`` resolves to a whole export at every moment, a crash leaves the previous one, and an engine
-    that is still loading the previous one keeps it for a while.
+    The alias only keeps the path of the former vLLM-only folder working. Published as a new version
+    (``durable_files.publishing_directory``): a crash leaves the previous one, and an engine still loading it keeps it.
     """
     with publishing_directory(latest) as staged:
         shutil.copytree(export, staged / "export")

@@ -109,16 +109,11 @@ class Eagle3Config:
     ) -> Eagle3Config:
         """Size the draft from the target's config (an HF config object or a parsed ``config.json``).
 
-        Width, MLP size, head counts, vocabulary, norm epsilon, RoPE base and context follow the target,
-        as the reference drafts do. A vision-language wrapper (Kimi K2.5) is read through its ``text_config``.
-
-        Multi-head latent attention targets (DeepSeek-V3, Kimi K2 / K2.5: ``q_lora_rank``, ``kv_lora_rank``,
-        ``qk_nope_head_dim``/``qk_rope_head_dim``/``v_head_dim``) have no plain ``head_dim``; transformers'
-        ``DeepseekV3Config.head_dim`` is the RoPE sub-dimension (64), which would give a Kimi draft
-        q_proj [4096, 14336]. The published Kimi-K2 EAGLE-3 drafts (SpecForge ``configs/kimi-k2-eagle3.json``,
-        AQ-MedAI/Kimi-K2-Instruct-eagle3) use 64 heads x 128 (``v_head_dim``, = ``qk_nope_head_dim``), 64 KV
-        heads, MLP 18432: q/k/v_proj [8192, 14336], o_proj [7168, 8192]. So an MLA target's head width is
-        its ``v_head_dim``.
+        Width, MLP size, head counts, vocabulary, norm epsilon, RoPE base and context follow the target, as the
+        reference drafts do; a vision-language wrapper (Kimi K2.5) is read through its ``text_config``. An MLA
+        target's (DeepSeek-V3, Kimi K2/K2.5) head width is its ``v_head_dim``: transformers' ``head_dim`` there is
+        the RoPE sub-dimension (64), while the published Kimi-K2 EAGLE-3 drafts (SpecForge
+        ``configs/kimi-k2-eagle3.json``, AQ-MedAI/Kimi-K2-Instruct-eagle3) use 64 heads x 128, MLP 18432.
         """
         cfg = _field(target_config, "text_config") or target_config
         n_layers = int(_field(cfg, "num_hidden_layers"))

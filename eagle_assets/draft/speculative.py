@@ -11,13 +11,10 @@ Per round, with ``L`` tokens so far (the last one, ``b``, not yet run through th
    cache is cropped to the accepted positions, the draft's speculative entries are dropped and its
    cache is extended with the target features of the accepted positions.
 
-Every emitted token is a target greedy token given a prefix of target greedy tokens, so the output is
-the target's greedy decode (up to floating-point differences between a one-token and a
-(K+1)-token forward, which the tests check do not flip a token on CPU fp32).
-
-τ here is the mean of ``n + 1`` over verification rounds (tokens per target forward, prefill not
-counted), from the raw matches even in a round where ``max_new_tokens`` or EOS cut the output.
-``position_accept_rate[j]`` is P(draft token j+1 accepted | tokens 1..j accepted).
+So the output is the target's greedy decode (up to floating-point differences between a one-token and a
+(K+1)-token forward, which the tests check do not flip a token on CPU fp32). τ is the mean of ``n + 1`` over
+verification rounds (prefill not counted), from the raw matches even in a round that ``max_new_tokens`` or EOS
+cut; ``position_accept_rate[j]`` is P(draft token j+1 accepted | tokens 1..j accepted).
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ from torch import nn
 
 from eagle_assets.draft.model import RMSNorm
 from eagle_assets.target.architecture import LAST_KINDS, decoder_of, final_norm_of
+from eagle_assets.target.checkpoint_tensors import checkpoint_tensor
 
 if TYPE_CHECKING:  # only a type here: transformers is imported where a model is loaded
     from transformers import PreTrainedModel
@@ -164,19 +165,8 @@ class TargetHead(nn.Module):
         return found
 
 
-def load_checkpoint_tensor(path: str | Path, suffixes: Sequence[str]) -> torch.Tensor | None:
-    """First tensor whose name equals or ends with one of ``suffixes`` in a local safetensors checkpoint.
-
-    Through ``model.safetensors.index.json`` when there is one, opening only the shard that holds it
-    (``eagle_assets.target.checkpoint_tensors``).
-    """
-    from eagle_assets.target.checkpoint_tensors import checkpoint_tensor
-
-    return checkpoint_tensor(path, suffixes)
-
-
 def load_target_embeddings(path: str | Path) -> torch.Tensor:
-    weight = load_checkpoint_tensor(path, ("model.embed_tokens.weight", "embed_tokens.weight"))
+    weight = checkpoint_tensor(path, ("model.embed_tokens.weight", "embed_tokens.weight"))
     if weight is None:
         raise KeyError(f"no embed_tokens.weight in {path}")
     return weight
@@ -186,14 +176,14 @@ def load_target_head(path: str | Path, last_kind: str = "post_norm") -> TargetHe
     """Read only ``lm_head`` (the tied embedding when there is none) and, for a pre-norm store, the final norm."""
     config = json.loads((Path(path) / "config.json").read_text())
     text = config.get("text_config", config)
-    weight = load_checkpoint_tensor(path, ("lm_head.weight",))
+    weight = checkpoint_tensor(path, ("lm_head.weight",))
     if weight is None and text.get("tie_word_embeddings", config.get("tie_word_embeddings")):
         weight = load_target_embeddings(path)
     if weight is None:
         raise KeyError(f"no lm_head.weight in {path}")
     norm = None
     if last_kind == "pre_norm":
-        norm_weight = load_checkpoint_tensor(path, ("model.norm.weight",))
+        norm_weight = checkpoint_tensor(path, ("model.norm.weight",))
         if norm_weight is None:
             raise KeyError(f"no model.norm.weight in {path}")
         norm = RMSNorm(norm_weight.numel(), float(text.get("rms_norm_eps", 1e-6)))

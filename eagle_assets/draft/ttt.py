@@ -16,21 +16,16 @@ each step moves the whole sequence one token further. The loss mask is taken at 
 token (an assistant token is what the draft will be asked to guess); the references differ on this
 shift by one or two positions, which only matters at turn boundaries.
 
-Attention at step k, query index t: the step-0 keys at indices ``s <= t`` (causal) and, from every
-step ``1..k``, only the key at index t (the diagonal). That is exactly what the draft sees when it
-drafts k tokens after position t at inference: the cache of positions ``0..t`` filled from target
-features, then its own k chained entries. ``ttt_attention_mask`` spells the mask out;
-``attn_impl="eager"`` computes it without materialising it (T×T causal scores plus one dot product
-per earlier step), ``"sdpa"`` concatenates the steps' KV and passes the explicit mask to
-``scaled_dot_product_attention`` (memory-efficient kernels on GPU). Both are exact; the tests check
-them against each other and against the inference cache.
+Attention at step k, query index t: the step-0 keys at indices ``s <= t`` (causal) and, from every step ``1..k``,
+only the key at index t (the diagonal): exactly what the draft sees when it drafts k tokens after position t at
+inference. ``ttt_attention_mask`` spells the mask out; ``attn_impl="eager"`` computes it without materialising it,
+``"sdpa"`` concatenates the steps' KV and passes the explicit mask to ``scaled_dot_product_attention``
+(memory-efficient kernels on GPU). Both are exact; the tests check them against each other and the inference cache.
 
-Loss per step: soft cross-entropy ``-Σ p log q`` summed over masked positions, divided by a
-denominator per step (by default the local count of loss-masked positions; the trainer passes global
-counts so that data-parallel and accumulated batches weigh every token equally), weighted ``0.8^k``.
-
-Accuracy per step: ``d2t(argmax draft) == argmax z`` over loss-masked positions (a target top-1
-outside the draft vocabulary counts as a miss, as it is a rejection at inference).
+Loss per step: soft cross-entropy ``-Σ p log q`` summed over masked positions, divided by a per-step denominator
+(the local count of loss-masked positions, or the trainer's global counts, so that data-parallel and accumulated
+batches weigh every token equally), weighted ``0.8^k``. Accuracy per step: ``d2t(argmax draft) == argmax z`` over
+loss-masked positions (a target top-1 outside the draft vocabulary is a miss, as it is a rejection at inference).
 """
 
 from __future__ import annotations

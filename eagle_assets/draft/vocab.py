@@ -1,23 +1,17 @@
 """The draft vocabulary: the N target ids the draft's ``lm_head`` can emit, and the maps to and from them.
 
-A 163,840-wide ``lm_head`` would dominate the draft's cost, so EAGLE-3 keeps the N (typically 32,000)
-ids that occur most often in what the draft must predict, i.e. the loss-masked (assistant) tokens.
-Both serving engines consume the same two tensors:
+A 163,840-wide ``lm_head`` would dominate the draft's cost, so EAGLE-3 keeps the N (typically 32,000) ids that
+occur most often in what the draft must predict (the loss-masked tokens). Both serving engines consume the same
+two tensors: ``d2t`` [N] int64, ``target_id = i + d2t[i]`` for draft id ``i`` (an offset, as SGLang and vLLM
+load it), and ``t2d`` [V] bool, whether a target id is in the draft vocabulary (the trainer masks positions whose
+target top-1 is outside it; the engines ignore it). The kept ids are sorted ascending, so ``d2t`` is
+non-decreasing and ``t2d.nonzero()`` lists the ids in draft order.
 
-- ``d2t`` [N] int64: ``target_id = i + d2t[i]`` for draft id ``i`` (an offset, not the id, which is
-  how SGLang/vLLM load it);
-- ``t2d`` [V] bool: whether a target id is in the draft vocabulary (the trainer masks positions whose
-  target top-1 is outside it; the engines ignore it).
-
-The kept ids are sorted ascending, so ``d2t`` is non-decreasing and ``t2d.nonzero()`` lists the ids in
-draft order.
-
-Fewer distinct tokens than N (small corpora, tests): the ranking key is (count descending, id
-ascending), so after every seen id come the unseen ids in ascending order, i.e. the vocabulary is
-padded with the lowest unseen ids. That keeps the map deterministic and full-size (the exported
-``draft_vocab_size`` must equal the ``lm_head`` rows the engines allocate); the padded rows are never
-targets, so training simply pushes their logits down. ``force_ids`` (e.g. the end-of-turn token) are
-always kept, displacing the least frequent ids.
+Fewer distinct tokens than N (small corpora, tests): the ranking key is (count descending, id ascending), so the
+vocabulary is padded with the lowest unseen ids. That keeps the map deterministic and full-size (the exported
+``draft_vocab_size`` must equal the ``lm_head`` rows the engines allocate); the padded rows are never targets, so
+training pushes their logits down. ``force_ids`` (e.g. the end-of-turn token) are always kept, displacing the
+least frequent ids.
 """
 
 from __future__ import annotations

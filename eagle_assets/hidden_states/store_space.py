@@ -11,13 +11,8 @@ from eagle_assets.hidden_states.store_format import GiB, InsufficientDiskError
 def estimate_store_bytes(
     n_tokens: int, hidden: int, n_aux: int = 3, with_last: bool = True, dtype_bytes: int = 2
 ) -> int:
-    """Bytes the shard files will take for ``n_tokens`` tokens.
-
-    Exact for the tensor data of this format: features ``(n_aux + with_last) * hidden * dtype_bytes``
-    per token, plus 5 bytes per token for ``input_ids`` (int32) and ``loss_mask`` (uint8). Not
-    included: 8 bytes per sample for offsets and a header of a few KiB per shard file.
-    Kimi K2.5 (H = 7168, bf16): 57,349 B/token, about 3.44 TB (3.13 TiB) for 60M tokens.
-    """
+    """Bytes the shard files will take for ``n_tokens`` tokens: exact for the tensor data (offsets, 8 B a sample,
+    and a header of a few KiB a shard not included). Kimi K2.5 (H = 7168, bf16): 57,349 B/token, 3.44 TB for 60M."""
     per_token = (n_aux + int(with_last)) * hidden * dtype_bytes + 4 + 1
     return int(n_tokens) * per_token
 

@@ -1,9 +1,8 @@
 """Which transformers class loads a target checkpoint, and which of its parts reach the device.
 
-One loader for every step that runs the target in this process: the hidden-state extraction and its
-calibration, the in-process benchmark, the trainer's online features and the simulator's generator.
-
-The class is decided by the checkpoint's config, never by a list of model names:
+One loader for every step that runs the target in this process (the extraction and its calibration, the in-process
+benchmark, the trainer's online features, the simulator's generator). The class is decided by the checkpoint's
+config, never by a list of model names:
 
 1. a config that transformers' causal-LM mapping knows (Llama, DeepSeek-V3, Qwen3, ...) loads with
    ``AutoModelForCausalLM``;
@@ -13,14 +12,11 @@ The class is decided by the checkpoint's config, never by a list of model names:
 3. anything else fails with one ``TargetLoadError`` naming the ``model_type``, the architectures and why each
    of the two was refused.
 
-Only the parts a step needs reach the device. Every step here feeds text, so a vision-language wrapper is
-kept as its text causal LM: transformers' causal-LM class for the ``text_config`` (``DeepseekV3ForCausalLM``),
-built without memory on the meta device, gets the wrapper's own decoder and ``lm_head`` modules; the vision
-tower and projector are dropped before the model moves. The result has the plain causal-LM shape every
-caller relies on (``model.model``, ``model.lm_head``, ``model.config.vocab_size``) and computes the same
-logits for text (the wrapper's forward only adds image and video features at placeholder tokens).
-``with_head=False`` also drops the ``lm_head`` (for the extraction, which runs the decoder alone: 163,840 x
-7168 numbers less on the device for Kimi).
+Every step here feeds text, so a vision-language wrapper is kept as its text causal LM (transformers' class for
+the ``text_config``, built on the meta device, given the wrapper's own decoder and ``lm_head``; the vision tower
+and projector are dropped before the model moves): the plain causal-LM shape every caller relies on
+(``model.model``, ``model.lm_head``, ``model.config.vocab_size``) and the same logits for text.
+``with_head=False`` also drops the ``lm_head`` (the extraction runs the decoder alone).
 """
 
 from __future__ import annotations
