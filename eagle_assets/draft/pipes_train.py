@@ -1,10 +1,8 @@
 """Draft training as a Dagster Pipes process: ``python -m eagle_assets.draft.pipes_train --config run.json``.
 
-The same run as ``train_cli`` (and, like it, runnable under ``torchrun``), plus what Dagster should
-see while it runs: rank 0 opens the Pipes channel, streams a log line per ``log_every`` steps (loss,
-per-step accuracy, throughput) and reports the materialization at the end, with the loss curve over
-every step of the run's history (a resumed run included). Other ranks train and stay silent. Run
-outside Dagster (no Pipes environment), it trains and prints as ``train_cli`` does.
+The same run as ``train_cli`` (also under ``torchrun``), plus what Dagster sees while it runs: rank 0 opens the
+Pipes channel, streams a log line per ``log_every`` steps and reports the materialization at the end, with the loss
+curve over every step of the run's history. Other ranks stay silent; outside Dagster it trains as ``train_cli``.
 """
 
 import json
