@@ -51,7 +51,7 @@ from eagle_assets.generation.admission import AdmissionPolicy  # noqa: E402
 from eagle_assets.generation.ledger import BudgetLedger  # noqa: E402
 from eagle_assets.tokenization.tokenizer_source import resolve_tokenizer_dir  # noqa: E402
 from resources.simulator.config import LatencyConfig, SimulatorConfig  # noqa: E402
-from resources.simulator.control import SimulatorProcess, spawn_simulator_process  # noqa: E402
+from tests.simulator.harness import SimulatorProcess, spawn_simulator_process  # noqa: E402
 
 PRODUCTION = {"max_tokens": 16_384, "mean_tokens": 3_000, "token_budget": 10_000_000, "usd_budget": 100.0}
 SAMPLE_S = 0.04

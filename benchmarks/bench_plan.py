@@ -37,7 +37,7 @@ from eagle_assets.datasets.samples import BUILDERS, sample_rows  # noqa: E402
 from eagle_assets.generation.ledger import BudgetLedger  # noqa: E402
 from eagle_assets.tokenization.tokenizer_source import resolve_tokenizer_dir  # noqa: E402
 from resources.simulator.config import LatencyConfig, SimulatorConfig  # noqa: E402
-from resources.simulator.control import spawn_simulator_process  # noqa: E402
+from tests.simulator.harness import spawn_simulator_process  # noqa: E402
 
 MATERIALIZE = [sys.executable, "-m", "dagster", "asset", "materialize", "-m", "eagle_assets.definitions"]
 GOAL = 0.05

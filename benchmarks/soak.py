@@ -40,8 +40,8 @@ from eagle_assets.tokenization.tokenizer_source import resolve_tokenizer_dir  # 
 from resources.openrouter.client import OpenRouterClient  # noqa: E402
 from resources.openrouter.secret import ApiKey  # noqa: E402
 from resources.simulator.config import LatencyConfig, SimulatorConfig  # noqa: E402
-from resources.simulator.control import spawn_simulator_process  # noqa: E402
 from resources.simulator.faults import FaultConfig  # noqa: E402
+from tests.simulator.harness import spawn_simulator_process  # noqa: E402
 
 MIXED_FAULTS = {
     "rate_limit": 0.03,

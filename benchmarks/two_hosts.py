@@ -46,7 +46,7 @@ from eagle_assets.generation.ledger import BudgetLedger  # noqa: E402
 from eagle_assets.tokenization.tokenizer_source import resolve_tokenizer_dir  # noqa: E402
 from resources.postgres.local_server import LocalPostgres, start_local_postgres  # noqa: E402
 from resources.simulator.config import LatencyConfig, SimulatorConfig  # noqa: E402
-from resources.simulator.control import SimulatorProcess, spawn_simulator_process  # noqa: E402
+from tests.simulator.harness import SimulatorProcess, spawn_simulator_process  # noqa: E402
 
 SAMPLE_S = 0.05
 MATERIALIZE = [sys.executable, "-m", "dagster", "asset", "materialize", "-m", "eagle_assets.definitions"]

@@ -1,7 +1,7 @@
 """``/health`` and the ``/_sim/*`` control routes: top-ups, workspace budget, faults, stats.
 
-Not part of OpenRouter's API: what tests, the soak and the demo use to steer the stand-in (the
-``SimulatorHandle`` / ``SimulatorProcess`` helpers in ``control.py`` call these).
+Not part of OpenRouter's API: what tests and benchmarks use to steer the stand-in
+(``tests/simulator/harness.py``).
 """
 
 import orjson

@@ -22,7 +22,7 @@ from resources.openrouter.client import OpenRouterClient
 from resources.openrouter.providers import ProviderPolicy, ProviderTable, parse_endpoints
 from resources.openrouter.secret import ApiKey
 from resources.simulator.config import LatencyConfig, SimulatorConfig
-from resources.simulator.control import SimulatorHandle, run_simulator_in_thread
+from tests.simulator.harness import SimulatorHandle, run_simulator_in_thread
 
 MODEL = "moonshotai/kimi-k2.5"
 

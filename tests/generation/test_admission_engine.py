@@ -27,9 +27,9 @@ from resources.openrouter.client import OpenRouterClient
 from resources.openrouter.providers import ProviderPolicy, ProviderTable, parse_endpoints
 from resources.openrouter.secret import ApiKey
 from resources.simulator.config import LatencyConfig, SimulatorConfig
-from resources.simulator.control import run_simulator_in_thread
 from resources.simulator.server import endpoints_payload
 from tests.generation.conftest import MODEL, make_prompts, sim_config
+from tests.simulator.harness import run_simulator_in_thread
 
 MAX_TOKENS = 1024
 

@@ -30,8 +30,8 @@ from resources.openrouter.providers import ProviderPolicy, ProviderTable, parse_
 from resources.openrouter.resource import OpenRouterResource
 from resources.openrouter.secret import ApiKey
 from resources.simulator.config import LatencyConfig
-from resources.simulator.control import _http_json
 from tests.generation.conftest import MODEL, make_prompts
+from tests.simulator.harness import _http_json
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "openrouter"
 MANDATORY = "Reasoning is mandatory for this endpoint and cannot be disabled."

@@ -16,8 +16,8 @@ from eagle_assets.tokenization.tokenizer_source import resolve_tokenizer_dir
 from resources.duckdb.resource import DuckDBResource
 from resources.openrouter.resource import OpenRouterResource
 from resources.simulator.config import LatencyConfig, SimulatorConfig
-from resources.simulator.control import run_simulator_in_thread
 from sensors.credits_sensor import build_credits_sensor
+from tests.simulator.harness import run_simulator_in_thread
 
 
 def write_prompts(path: Path, n: int, tag: str = "k") -> Path:

@@ -11,8 +11,8 @@ from eagle_assets.generation.ledger.database import DatabaseConfigError, redact_
 from eagle_assets.tokenization.tokenizer_source import resolve_tokenizer_dir
 from resources.duckdb.resource import DuckDBResource
 from resources.simulator.config import LatencyConfig, SimulatorConfig
-from resources.simulator.control import run_simulator_in_thread
 from tests.generation.test_dagster_generation import resource_for, write_prompts
+from tests.simulator.harness import run_simulator_in_thread
 
 
 def test_where_the_ledger_lives(tmp_path, monkeypatch):

@@ -17,9 +17,9 @@ from eagle_assets.tokenization.tokenizer_source import resolve_tokenizer_dir
 from resources.duckdb.resource import DuckDBResource
 from resources.openrouter.resource import OpenRouterResource
 from resources.simulator.config import LatencyConfig, SimulatorConfig
-from resources.simulator.control import run_simulator_in_thread
 from tests.dagster_failures import failure_text
 from tests.datasets.fake_dataset_hub import FakeDatasetRepo, serve_datasets
+from tests.simulator.harness import run_simulator_in_thread
 
 
 def sharegpt_line(i: int, turns: int = 2) -> bytes:

@@ -52,7 +52,7 @@ def test_prompt_estimates_come_from_the_tokenizer_the_resource_names(monkeypatch
 
 def test_account_snapshot_reads_the_key_and_the_ledger(tmp_path, monkeypatch):
     from resources.simulator.config import SimulatorConfig
-    from resources.simulator.control import run_simulator_in_thread
+    from tests.simulator.harness import run_simulator_in_thread
 
     monkeypatch.delenv("EAGLE_FORGE_DATABASE_URL", raising=False)
     with run_simulator_in_thread(SimulatorConfig()) as sim:

@@ -19,8 +19,8 @@ from eagle_assets.keys import ACCOUNT_KEY
 from eagle_assets.tokenization.tokenizer_source import resolve_tokenizer_dir
 from resources.duckdb.resource import DuckDBResource
 from resources.simulator.config import LatencyConfig, SimulatorConfig
-from resources.simulator.control import run_simulator_in_thread
 from tests.generation.test_dagster_generation import resource_for, write_prompts
+from tests.simulator.harness import run_simulator_in_thread
 
 
 @pytest.fixture

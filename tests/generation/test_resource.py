@@ -114,7 +114,7 @@ class _Lines:
 
 async def test_every_endpoint_require_parameters_removes_is_logged_with_the_parameter():
     from resources.simulator.config import DEFAULT_PROVIDERS, SUPPORTED_PARAMETERS, SimulatorConfig
-    from resources.simulator.control import run_simulator_in_thread
+    from tests.simulator.harness import run_simulator_in_thread
 
     bare = tuple(p for p in SUPPORTED_PARAMETERS if p not in ("temperature", "top_p"))
     providers = tuple(

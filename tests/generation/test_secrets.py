@@ -15,7 +15,7 @@ from eagle_assets.tokenization.tokenizer_source import resolve_tokenizer_dir
 from resources.openrouter.resource import SIMULATOR_KEY, OpenRouterResource
 from resources.openrouter.secret import ApiKey, MissingApiKeyError, check_key_file_permissions, load_api_key
 from resources.simulator.config import LatencyConfig, SimulatorConfig
-from resources.simulator.control import spawn_simulator_process
+from tests.simulator.harness import spawn_simulator_process
 
 CANARY = "sk-or-v1-CANARY7f3a9e21d4c8b6"
 

@@ -15,7 +15,7 @@ from eagle_assets.generation.journal import scan
 from eagle_assets.settings import REPO_ROOT
 from eagle_assets.tokenization.tokenizer_source import resolve_tokenizer_dir
 from resources.simulator.config import LatencyConfig, SimulatorConfig
-from resources.simulator.control import run_simulator_in_thread
+from tests.simulator.harness import run_simulator_in_thread
 
 CONVERSATIONS, TURNS = 24, 4
 

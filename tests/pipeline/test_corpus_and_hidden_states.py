@@ -17,10 +17,10 @@ from eagle_assets.target.tiny import load_target
 from eagle_assets.tokenization.tokenizer_source import resolve_tokenizer_dir
 from resources.duckdb.resource import DuckDBResource
 from resources.simulator.config import LatencyConfig, SimulatorConfig
-from resources.simulator.control import run_simulator_in_thread
 from resources.target.resource import TargetModelResource
 from tests.generation.test_dagster_generation import resource_for, write_prompts
 from tests.pipeline.conftest import pipeline_resources
+from tests.simulator.harness import run_simulator_in_thread
 
 
 def _checks(result: dg.ExecuteInProcessResult) -> dict[tuple[str, str], bool]:

@@ -16,11 +16,11 @@ from eagle_assets.keys import BENCHMARK_KEY, DRAFT_KEY
 from eagle_assets.layout import latest_export_dir
 from eagle_assets.tokenization.tokenizer_source import resolve_tokenizer_dir
 from resources.simulator.config import LatencyConfig, SimulatorConfig
-from resources.simulator.control import run_simulator_in_thread
 from sensors.training_sensor import build_training_sensor
 from tests.draft.engine_loaders import check_export
 from tests.generation.test_dagster_generation import write_prompts
 from tests.pipeline.conftest import pipeline_resources
+from tests.simulator.harness import run_simulator_in_thread
 
 TRAIN = {"draft_vocab_size": 512, "max_steps": 12, "batch_size": 4, "ttt_steps": 3, "lr": 3e-3, "log_every": 4}
 

@@ -20,11 +20,11 @@ from eagle_assets.shard_partitions import train_partitions
 from eagle_assets.target.tiny_targets import build_named_tiny_target, tiny_target_path
 from eagle_assets.tokenization.tokenizer_source import resolve_tokenizer_dir
 from resources.simulator.config import LatencyConfig, SimulatorConfig
-from resources.simulator.control import run_simulator_in_thread
 from resources.target.resource import TargetModelResource
 from tests.generation.test_dagster_generation import write_prompts
 from tests.pipeline.conftest import pipeline_resources
 from tests.pipeline.test_hidden_state_checks import evaluations
+from tests.simulator.harness import run_simulator_in_thread
 
 TRAIN = {"draft_vocab_size": 512, "max_steps": 12, "batch_size": 4, "ttt_steps": 3, "lr": 3e-3, "log_every": 4}
 

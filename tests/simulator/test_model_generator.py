@@ -24,7 +24,6 @@ from eagle_assets.tokenization.tokenizer_source import BUNDLED_DIR
 from resources.openrouter.sse import assemble_sse
 from resources.simulator.__main__ import config_from_args
 from resources.simulator.config import SimulatorConfig
-from resources.simulator.control import SimulatorHandle, config_to_args, run_simulator_in_thread
 from resources.simulator.embedded import generator_flags
 from resources.simulator.model_generator import (
     CONTENT_TOKENS,
@@ -33,6 +32,7 @@ from resources.simulator.model_generator import (
     safe_token_ids,
 )
 from resources.simulator.responses import ChatRequest, request_content_hash
+from tests.simulator.harness import SimulatorHandle, config_to_args, run_simulator_in_thread
 
 TOKENIZER_DIR = BUNDLED_DIR
 MODEL = "moonshotai/kimi-k2.5"

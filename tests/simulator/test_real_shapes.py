@@ -18,8 +18,8 @@ from resources.openrouter.client import OpenRouterClient
 from resources.openrouter.outcomes import RawResponse, classify, generation_id_from_prefix
 from resources.openrouter.secret import ApiKey
 from resources.simulator.config import LatencyConfig, SimulatorConfig
-from resources.simulator.control import SimulatorHandle, run_simulator_in_thread
 from resources.simulator.faults import FaultConfig
+from tests.simulator.harness import SimulatorHandle, run_simulator_in_thread
 
 MODEL = "moonshotai/kimi-k2.5"
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "openrouter"

@@ -27,14 +27,14 @@ from resources.simulator.config import (
     SimulatorConfig,
     is_loopback_host,
 )
-from resources.simulator.control import (
+from resources.simulator.faults import FAULT_NAMES, FaultConfig, TokenBucket
+from resources.simulator.responses import request_content_hash
+from tests.simulator.harness import (
     SimulatorHandle,
     config_to_args,
     run_simulator_in_thread,
     spawn_simulator_process,
 )
-from resources.simulator.faults import FAULT_NAMES, FaultConfig, TokenBucket
-from resources.simulator.responses import request_content_hash
 
 MODEL = "moonshotai/kimi-k2.5"
 AUTH = {"Authorization": "Bearer sk-or-test"}

@@ -17,7 +17,7 @@ from eagle_assets.datasets.prompts import Prompt
 from eagle_assets.datasets.samples import sample_rows
 from eagle_assets.generation.records import records_to_frame, success_record
 from resources.simulator.config import LatencyConfig, SimulatorConfig
-from resources.simulator.control import run_simulator_in_thread
+from tests.simulator.harness import run_simulator_in_thread
 
 KNOWN = Path(__file__).parents[1] / "fixtures" / "kimi" / "tools_ts.jsonl"
 

@@ -1,4 +1,4 @@
-"""Run the simulator from tests and scripts: in a background thread, or as a child process.
+"""Run the simulator from tests and benchmarks: in a background thread, or as a child process.
 
 The thread variant gives a test direct access to ``SimulatorState`` (stats, balance) while the
 code under test talks real HTTP on 127.0.0.1; the process variant is for measurements and restart
