@@ -1,13 +1,8 @@
 """``generation_plan``: what the datasets' token targets will cost, shown before the money is spent.
 
-An asset rather than a hidden step of each generation partition, because a plan is one decision over
-all datasets (it has to see every target against one budget), made once, seen in the UI as a table
-and a plot, and remade on purpose (a top-up, a new choice of ``on_overrun``). Each generation
-partition then reads the recorded decision (``plan.plan_gate``); every ``generated/*`` asset lists it
-as a dependency, so materializing the graph plans first.
-
-The pure work is in ``eagle_assets.generation.plan``; this module gathers its inputs (prices, exact prompt
-tokens, answer lengths, the key's credit and the ledger's spend), each as docs/generation-and-budget.md says.
+An asset rather than a step of each generation partition: a plan is one decision over all datasets against one
+budget, seen in the UI and remade on purpose (a top-up, a new ``on_overrun``); each partition reads the recorded
+decision (``plan.plan_gate``). This module gathers the inputs, as docs/generation-and-budget.md says.
 """
 
 import asyncio
@@ -131,7 +126,7 @@ def build_plan(
     config: GenerationPlanConfig,
     openrouter: OpenRouterResource,
     log: Any,
-    observe: Callable[[AccountSnapshot], None] | None = None,
+    observe: Callable[[AccountSnapshot], None],
 ) -> Plan:
     """``observe``: receives the account's money as the plan saw it (a point on the account's curve)."""
     if config.on_overrun not in OVERRUN_CHOICES or config.proposal not in PROPOSAL_RULES:
@@ -177,8 +172,7 @@ def build_plan(
             f" ({len(inputs[-1].prompt_tokens):,} prompts rendered), lengths from {stats.source}"
         )
     snap = account_snapshot(openrouter, "generation_plan")
-    if observe is not None:
-        observe(snap)
+    observe(snap)
     widest = max((i.lengths for i in inputs), key=lambda s: s.mean, default=prior)
     money = Money(
         snap.budget_usd,
@@ -208,8 +202,7 @@ def dataset_input(
     estimate: Callable[[Any], int],
     max_tokens: int,
 ) -> DatasetInput:
-    """One dataset's row of the plan: what is left of its target and the exact prompts of the requests it needs.
-    ``done``: the ledger's totals for it (spend so far)."""
+    """``done``: the ledger's totals for the dataset (spend so far)."""
     left = spec.output_token_budget - done.tokens_spent
     need = requests_needed(stats, left, queue.pending)
     counted = queue.prompt_tokens(max(1, need) if queue.pending else 0, estimate, stats.mean)
@@ -277,8 +270,6 @@ def build_plan_asset(specs: list[DatasetSpec]) -> dg.AssetsDefinition:
         )
         path = write_plan(plan.to_json())
         context.log.info(f"generation plan ({path}): {plan.summary()}")
-        meta = plan_metadata(plan)
-        meta["path"] = dg.MetadataValue.path(str(path))
-        return dg.MaterializeResult(metadata=meta)
+        return dg.MaterializeResult(metadata=plan_metadata(plan))
 
     return generation_plan

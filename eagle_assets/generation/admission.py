@@ -1,79 +1,26 @@
 """Admission maths: what the requests in flight hold of a budget, so that 2000 can be in flight.
 
-Plain numbers in, numbers out: no SQLite, no Dagster, no clock. The ledger (shared by processes)
-feeds it the open reservations and the completed answers; the tests drive it directly.
+Plain numbers in, numbers out: no database, no Dagster, no clock. What the guarantees assume and what they give
+(1e-6 overspend per run, the token target, a fresh dataset's seed, the last round) is in
+docs/generation-and-budget.md; the derivation is here.
 
-Why not the worst case
-----------------------
-``max_tokens`` is about five times the mean answer (16,384 against ~3,000 for Kimi K2.5), so
-reserving ``max_tokens`` per request admits a fifth of what the budget can pay for, and fewer as it
-fills: concurrency decays long before the money or the tokens run out.
+Reserving ``max_tokens`` per request would admit a fifth of what the budget pays for (16,384 against a ~3,000
+mean for Kimi K2.5), and fewer as it fills.
 
-Dollars (``statistical`` mode, the default)
--------------------------------------------
-The open requests of dataset ``d`` have unknown completion lengths ``X_i`` in ``[0, M]``
-(``M = max_tokens``), independent draws from the dataset's distribution (mean ``μ``, variance
-``σ²``), each priced at ``c_i`` per token (the dearest allowed completion price: routing may fall
-back to it). ``μ̂`` is the mean of ``m`` completed answers. The completion cost of the open requests
-is ``S = Σ c_i X_i`` and
+Dollars: the open requests of a dataset have unknown completion lengths ``X_i`` in ``[0, M]`` (``M =
+max_tokens``), independent draws of mean ``μ`` and variance ``σ²``, each priced at ``c_i`` per token (the dearest
+allowed price: routing may fall back to it). With ``μ̂`` the mean of ``m`` completed answers and ``C1 = Σ c_i``,
 
-    S − μ̂·C1 = Σ_i c_i (X_i − μ) − (C1 / m) Σ_j (X_j − μ)        (C1 = Σ c_i, j over the m answers)
+    S − μ̂·C1 = Σ_i c_i (X_i − μ) − (C1 / m) Σ_j (X_j − μ)        (j over the m answers)
 
-a sum of independent terms, each at most ``b = max(c_max·M, C1·M/m)``, of total variance
-``V = σ² (C2 + C1²/m)`` (``C2 = Σ c_i²``): the second part is the error of ``μ̂`` itself, which
-dominates while ``m`` is small next to the number in flight. Bernstein's inequality gives
-``P(S − μ̂·C1 ≥ t) ≤ δ`` for ``t = bL/3 + sqrt((bL/3)² + 2LV)``, ``L = ln(1/δ)``. For n requests
-at one price that is ``n·μ + z·σ·sqrt(n)`` with ``z = sqrt(2L)``, plus a range term that makes the
-last few requests cost their worst case (the reservation is capped at the worst case anyway).
-Datasets add up (independent terms), so one check covers every dataset and process on the ledger.
-
-``σ`` is not known either: it is replaced by an upper confidence bound from the sample's fourth
-moment (``σ̂² + z_var·sqrt((m4 − σ̂⁴)/m)``, at most ``μ(M−μ)``), and statistics are used only once
-``min_samples`` answers are in. Answers count only from *completed admission cohorts*: with a real
-API the short answers come back first, and the mean of whatever has arrived so far is biased low.
-
-The guarantee
--------------
-Every admission checks ``spent + held(open requests) ≤ budget`` in one ledger transaction. The run
-overspends only if, at its last admission, the open requests cost more than held, so the
-probability is at most the sum over admissions of each check's failure probability. With
-``δ = p/(2N)`` per check (``p = overspend_probability``, ``N = max_admissions``) that sum is at most
-``p/2``; the variance bound at ``z_var = 5.5`` fails with probability below ``2·10⁻⁸`` per doubling of
-the sample, i.e. below ``p/2`` over 25 doublings. Hence: overspend probability below ``p`` (1e-6)
-per run of up to N (10⁶) admissions, assuming independent lengths per dataset and prompt-token
-estimates that bound the provider's count. Even then the spend is bounded by the account's own
-limit: OpenRouter refuses (402) a request the key's balance cannot cover at ``max_tokens``.
-``hard`` mode holds every request at its worst case: no probability at all.
-
-Tokens
-------
-The dataset's output-token budget is a target: admission stops when
-``produced + in_flight × μ̂ ≥ budget``, and a guard keeps the overshoot within
-``token_overshoot × budget`` (1%) with probability ``1 − token_overshoot_probability`` by the same
-bound. Before ``min_samples`` answers, a request counts its ``max_tokens``.
-
-A fresh dataset's first wave
-----------------------------
-Counting ``max_tokens`` per request caps a fresh dataset's first wave at ``budget / max_tokens``
-(610 requests at production ratios, a third of the in-flight cap). When other datasets of the same
-model already have ``min_samples`` measured answers, their pooled statistics *seed* the fresh one
-until its own take over (``LengthModel.seeded``): the seed's mean and variance bound are scaled by
-``seed_mean_factor`` (2) and the same check as above runs with them. The token guarantee then
-assumes that the fresh dataset's lengths are at most ``seed_mean_factor`` times the seed's, in
-distribution (``X ≤ k·Y`` stochastically, ``Y`` drawn from the other datasets' answers); with no
-statistics at all nothing changes. The dollar hold is not seeded: it keeps worst cases until the
-dataset's own ``min_samples`` answers are in.
-
-The last round
---------------
-A token target is met to within 1% only in rounds: while the second round runs, the bound above keeps
-``n·μ̂ + deviation`` under the target, and the deviation (mostly the error of ``μ̂`` itself, ``n²/m``)
-leaves 5–8% of the target for a third round, whatever the first round was. When a dataset runs alone
-that round costs a whole round trip of its slowest answer (the benchmark's fixed latency: a third
-more wall time for the last ~5% of tokens); when other datasets share the in-flight cap, it costs
-nothing. ``token_shortfall`` lets a run end instead once what is left, in expectation, is less than
-that share of the target (the run then ends that far short, never over). Default 0: the target is the
-data the user asked for.
+is a sum of independent terms, each at most ``b = max(c_max·M, C1·M/m)``, of variance ``V = σ² (C2 + C1²/m)``
+(``C2 = Σ c_i²``; the second part, the error of ``μ̂``, dominates while ``m`` is small). Bernstein gives
+``P(S − μ̂·C1 ≥ t) ≤ δ`` for ``t = bL/3 + sqrt((bL/3)² + 2LV)``, ``L = ln(1/δ)``; datasets add up, so one check
+covers every dataset and process on the ledger. ``σ`` is replaced by an upper confidence bound from the fourth
+moment (``σ̂² + z_var·sqrt((m4 − σ̂⁴)/m)``, at most ``μ(M−μ)``), used from ``min_samples`` answers, and answers
+count only from *completed admission cohorts*: short answers come back first, so a partial mean is biased low.
+Every admission checks ``spent + held ≤ budget`` in one transaction with ``δ = p/(2N)``, so the union bound over
+N admissions gives ``p/2``, and the variance bound (``z_var = 5.5``) below ``p/2`` over 25 doublings of the sample.
 """
 
 import math
@@ -97,11 +44,8 @@ class AdmissionPolicy:
     token_overshoot: float = 0.01  # allowed overshoot of a dataset's token budget, as a fraction of it
     token_overshoot_probability: float = 1e-3  # chance of passing that, per dataset
     cohort_slack: float = 0.01  # share of a cohort still open that may be counted at max_tokens
-    # A fresh dataset's token admission may start from other datasets' answers, trusted within this factor.
-    seed_mean_factor: float = 2.0
-    # Share of a token target a run may leave unproduced rather than start another round of requests for it
-    # (0: go on in batches worth ``token_overshoot`` until the target is reached; see "The last round").
-    token_shortfall: float = 0.0
+    seed_mean_factor: float = 2.0  # a fresh dataset's token admission trusts other datasets' answers within this
+    token_shortfall: float = 0.0  # share of a token target left unproduced rather than start another round
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -169,7 +113,6 @@ class Moments:
 
     @property
     def variance(self) -> float:
-        """Unbiased sample variance."""
         if self.n < 2:
             return 0.0
         return max(0.0, (self.s2 - self.s1 * self.s1 / self.n) / (self.n - 1))
@@ -205,9 +148,8 @@ class LengthModel:
 
     @staticmethod
     def seeded(seed: Moments, policy: AdmissionPolicy, max_tokens: int) -> "LengthModel | None":
-        """A fresh dataset's token model from other datasets' answers: their model with the mean scaled by
-        ``seed_mean_factor`` and the variance bound by its square (within ``[0, max_tokens]``); None
-        without ``min_samples`` of them. Only token admission uses it (see the module docstring)."""
+        """A fresh dataset's token model from other datasets' answers, mean scaled by ``seed_mean_factor`` and the
+        variance bound by its square; only token admission uses it (docs/generation-and-budget.md)."""
         base = LengthModel.from_moments(seed, policy, max_tokens)
         if base is None:
             return None
@@ -225,12 +167,10 @@ def cohort_moments(
 ) -> Moments:
     """Moments of the answers of the longest *complete* admission cohort.
 
-    ``folded``: answers of admissions before the oldest open one (a cohort that is closed for good).
-    ``settled``: ``(admission seq, tokens)`` of later answers; ``open_``: ``(seq, max_tokens)`` of the
-    requests still running. Short answers return first, so the answers of a cohort that is still
-    running are biased low; the cohort ``seq < K`` is used only up to the largest ``K`` where the open
-    requests below ``K`` are at most ``slack`` of it, and those count at their ``max_tokens`` (an upper
-    bound): one straggler cannot freeze the statistics, and none can make them optimistic.
+    ``folded``: answers before the oldest open admission; ``settled``: ``(seq, tokens)`` of later answers;
+    ``open_``: ``(seq, max_tokens)`` still running. The cohort ``seq < K`` is used up to the largest ``K`` whose
+    open requests are at most ``slack`` of it, counted at ``max_tokens``: one straggler cannot freeze the
+    statistics, and none can make them optimistic.
     """
     events = sorted([(s, 0, float(t)) for s, t in settled] + [(s, 1, float(m)) for s, m in open_])
     best = folded
@@ -279,10 +219,8 @@ class OpenGroup:
 
 
 def held_usd(groups: Iterable[tuple[OpenGroup, LengthModel | None]], policy: AdmissionPolicy) -> float:
-    """Dollars the open statistical reservations hold: the Bernstein bound, never above their worst case.
-
-    A group without a model (too few answers) holds its worst case.
-    """
+    """The Bernstein bound of the open statistical reservations, never above their worst case (which a group
+    without a model holds)."""
     worst_without = worst_with = expected = variance = bound = 0.0
     any_model = False
     for g, model in groups:

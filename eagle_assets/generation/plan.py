@@ -1,45 +1,18 @@
 """What a set of token targets will cost before any of it is bought, and what to do when it does not fit.
 
-Plain numbers in, numbers out (no Dagster, no HTTP, no SQLite): the ``generation_plan`` asset gathers
-the inputs (the live endpoint table, exact prompt token counts, answer-length statistics) and records
-the plan; generation reads its decision (``plan_gate``).
-
-Per dataset
------------
-With ``n`` prompts pending, ``R`` tokens left to its target and answer lengths of mean ``μ``
-(standard error ``se``) and standard deviation ``σ``:
-
-- all ``n`` answered would produce ``n·μ`` tokens, ± ``z·sqrt((n·se)² + n·σ²)`` (the error of ``μ`` and
-  the spread of the answers themselves);
-- the run stops at whichever comes first: the target or the prompts; so tokens = ``min(T, n·μ)`` and
-  requests = ``min(n, T/μ)``, each with the interval those errors give (95%: ``z = 1.96``). ``T`` is
-  where admission really stops on a target (``token_target_stop``): its overshoot guard lets a last batch
-  start only while ``produced + t·μ + dev(t)`` stays within ``target·(1 + token_overshoot)``, and the
-  deviation keeps a range term of about ``ln(1/p)/3 · max_tokens``; at production ratios (10M against
-  16,384) that is within the 1% tolerance, for a target of 100 × max_tokens the run may end 4% below it;
-- prompt tokens are the exact counts of the first ``requests`` pending prompts (the serving-path
-  renderer's, what the provider bills), at the interval's ends too;
-- dollars: tokens at the expected price per token (the routing mix seen so far, else the cheapest
-  allowed endpoint, where ``sort: price`` sends requests), and, apart, what the upper end would cost
-  if every request fell back to the dearest allowed endpoint;
-- wall time alone: ``latency × max(1, requests / in_flight)`` (Little's law at a full in-flight cap;
-  the last wave's drain adds up to one answer's latency).
-
-The whole plan
---------------
-The totals are set against the dollars available: the budget's headroom (less what is spent and held)
-capped by the key's remaining credit, less a reserve the budget's tail leaves unspent (the last wave
-smaller than ``tail_fraction`` of the cap is not started, and the statistical hold keeps its margin).
-The plan *fits* when the 95% upper end of the expected dollars does. When it does not, it proposes
-targets that do: an *equal share* (every dataset gets the same number of tokens, or what it can use),
-or *proportional* to the requested targets (one factor for all). ``on_overrun`` decides what
-generation does then: ``wait`` for the user (it refuses to start), ``scale_down`` to the proposal, or
-``proceed`` until the money runs out (what happened before there was a plan).
+Plain numbers in, numbers out: the ``generation_plan`` asset gathers the inputs and records the plan, generation
+reads its decision (``plan_gate``); docs/generation-and-budget.md says what it shows and assumes. Per dataset,
+with ``n`` prompts pending, ``R`` tokens left, answer lengths of mean ``μ`` (standard error ``se``) and spread
+``σ``: all ``n`` answered give ``n·μ ± z·sqrt((n·se)² + n·σ²)``; the run stops at the target or the prompts,
+whichever comes first (tokens ``min(T, n·μ)``, requests ``min(n, T/μ)``, ``T`` where admission really stops:
+``token_target_stop``); prompt tokens are the exact counts of the first ``requests`` prompts; wall time is
+``latency × max(1, requests / in_flight)`` (Little's law). The plan *fits* when the 95% upper end of its dollars
+fits what is available; otherwise it proposes targets that do.
 """
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, astuple, dataclass, field, replace
 from itertools import accumulate
 from typing import Any
 
@@ -220,10 +193,10 @@ class DatasetProjection:
     latency_source: str
 
 
-def requests_needed(lengths: LengthStats, tokens_left: int, pending: int, z: float = Z95) -> int:
+def requests_needed(lengths: LengthStats, tokens_left: int, pending: int) -> int:
     """How many pending prompts the interval's upper end may need: their prompt lengths are all that must be
     counted exactly (a 10M-token target needs ~3,000 of a 100,000-prompt file)."""
-    r = _requests(lengths, tokens_left, pending, z)
+    r = _requests(lengths, tokens_left, pending)
     return min(pending, math.ceil(r.high) + 1)
 
 
@@ -234,19 +207,15 @@ def token_target_stop(
     in_flight: int,
     answers_at_end: float,
     tail_fraction: float = 0.1,
-    policy: AdmissionPolicy | None = None,
 ) -> Span:
     """Where generation stops on a token target (produced tokens, the whole dataset).
 
     Near the target the runner starts batches of ``t`` requests (``token_overshoot`` of the target's worth, at
     most ``tail_fraction`` of the cap), each only while ``produced + min(held(t), t·max_tokens)`` stays within
-    ``C = target·(1 + token_overshoot)`` (``token_admission``), and single requests while a few slots free up
-    and still fit. So it ends between ``C − min(held(t), t·max_tokens)`` and ``C``: the interval. B1–B8 at once
-    (bench_plan.py) end where a batch no longer fits with nothing in flight: that point plus about half a
-    batch, the expectation (within 1–4% at 92 max_tokens per target). A run that keeps many requests in flight
-    to the end admits further, up to about ``C − ln(1/p)·max_tokens/3`` (test_plan.py: 2–3% above the
-    expectation at 117 per target). At production ratios the whole interval is within 1% of the target."""
-    policy = policy or AdmissionPolicy()
+    ``C = target·(1 + token_overshoot)`` (``token_admission``): it ends between ``C − min(held(t), t·max_tokens)``
+    and ``C``, expected half a batch above the low end (bench_plan.py: within 1–4%). A run that keeps many
+    requests in flight to the end admits further (test_plan.py: 2–3% above the expectation)."""
+    policy = AdmissionPolicy()
     mean = lengths.mean
     t = max(1, min(math.ceil(tail_fraction * in_flight), math.ceil(policy.token_overshoot * target / mean)))
     m = max(answers_at_end, 1.0)
@@ -259,12 +228,12 @@ def token_target_stop(
     return Span(min(low + t * mean / 2, ceiling), low, ceiling)
 
 
-def _requests(s: LengthStats, left: int, n: int, z: float) -> Span:
+def _requests(s: LengthStats, left: int, n: int) -> Span:
     if n == 0 or left <= 0:
         return Span(0.0, 0.0, 0.0)
     r = left / s.mean
     rel = math.sqrt((s.mean_se / s.mean) ** 2 + (s.sd / s.mean) ** 2 / max(r, 1.0))
-    lo, hi = r * max(0.0, 1.0 - z * rel), r * (1.0 + z * rel)
+    lo, hi = r * max(0.0, 1.0 - Z95 * rel), r * (1.0 + Z95 * rel)
     return Span(min(n, r), min(n, lo), min(n, hi))
 
 
@@ -285,40 +254,32 @@ def project_dataset(
     inp: DatasetInput,
     prices: PriceModel,
     in_flight: int,
-    z: float = Z95,
-    policy: AdmissionPolicy | None = None,
     cumulative: Sequence[int] | None = None,
     tail_fraction: float = 0.1,
 ) -> DatasetProjection:
     """``cumulative``: running sums of ``inp.prompt_tokens`` when the caller has them (proposals ask many times)."""
-    policy = policy or AdmissionPolicy()
     left = max(0, inp.token_target - inp.produced_tokens)
     n, s = inp.pending, inp.lengths
-    every = Span(n * s.mean, 0.0, 0.0)
-    spread = math.sqrt((n * s.mean_se) ** 2 + n * s.sd**2)
-    every = Span(every.expected, max(0.0, every.expected - z * spread), every.expected + z * spread)
-    eps = policy.token_overshoot
+    all_answered, spread = n * s.mean, Z95 * math.sqrt((n * s.mean_se) ** 2 + n * s.sd**2)
+    every = Span(all_answered, max(0.0, all_answered - spread), all_answered + spread)
+    eps = AdmissionPolicy().token_overshoot
     if inp.max_tokens is None:
         stop = Span(left, left * (1.0 - eps), left * (1.0 + eps))
     else:
         at_end = s.samples + left / s.mean
-        whole = token_target_stop(inp.token_target, s, inp.max_tokens, in_flight, at_end, tail_fraction, policy)
-        stop = Span(*(max(0.0, v - inp.produced_tokens) for v in (whole.expected, whole.low, whole.high)))
+        whole = token_target_stop(inp.token_target, s, inp.max_tokens, in_flight, at_end, tail_fraction)
+        stop = Span(*(max(0.0, v - inp.produced_tokens) for v in astuple(whole)))
     if n == 0 or left == 0 or stop.expected == 0:
         bound = "done"
         tokens = Span(0.0, 0.0, 0.0)
     else:
         bound = "target" if stop.expected <= every.expected else "prompts"
         tokens = Span(min(stop.expected, every.expected), min(stop.low, every.low), min(stop.high, every.high))
-    requests = _requests(s, math.ceil(stop.expected) if bound != "done" else 0, n, z)
+    requests = _requests(s, math.ceil(stop.expected) if bound != "done" else 0, n)
     if cumulative is None:
         cumulative = list(accumulate(inp.prompt_tokens))
-    prompt = Span(*(_prompt_tokens_of(cumulative, r) for r in (requests.expected, requests.low, requests.high)))
-    usd = Span(
-        prompt.expected * prices.prompt + tokens.expected * prices.completion,
-        prompt.low * prices.prompt + tokens.low * prices.completion,
-        prompt.high * prices.prompt + tokens.high * prices.completion,
-    )
+    prompt = Span(*(_prompt_tokens_of(cumulative, r) for r in astuple(requests)))
+    usd = prompt.scaled(prices.prompt) + tokens.scaled(prices.completion)
     dearest = prompt.high * prices.max_prompt + tokens.high * prices.max_completion
     wall = 0.0 if requests.expected == 0 else inp.latency_s * max(1.0, requests.expected / in_flight)
     return DatasetProjection(
@@ -415,11 +376,9 @@ class Plan:
 
     @property
     def decision(self) -> str:
-        """fits | wait | scale_down | proceed."""
         return "fits" if self.fits else self.on_overrun
 
     def targets(self) -> dict[str, int]:
-        """The token target generation should use per dataset under this plan's decision."""
         if self.decision == "scale_down":
             return dict(self.proposals[self.proposal_rule])
         return {d.name: d.token_target for d in self.datasets}
@@ -456,7 +415,6 @@ def make_plan(
     in_flight: int,
     on_overrun: str = "wait",
     proposal_rule: str = "proportional",
-    z: float = Z95,
     tail_fraction: float = 0.1,
 ) -> Plan:
     """``tail_fraction``: the runner's (``GenerationSettings.tail_fraction``): it sizes a target's last batch."""
@@ -469,12 +427,12 @@ def make_plan(
     names = [i.name for i in inputs]
     if len(set(names)) != len(names):
         raise PlanInputError(f"a dataset is listed twice: {names}")
-    projections = [project_dataset(i, prices, in_flight, z, tail_fraction=tail_fraction) for i in inputs]
+    projections = [project_dataset(i, prices, in_flight, tail_fraction=tail_fraction) for i in inputs]
     plan = Plan(projections, money, in_flight, prices.source, on_overrun, proposal_rule)
     if plan.fits:
         return plan
     proposals = {
-        rule: propose_targets(inputs, prices, money.available_usd, in_flight, rule, z, tail_fraction)
+        rule: propose_targets(inputs, prices, money.available_usd, in_flight, rule, tail_fraction)
         for rule in PROPOSAL_RULES
     }
     return replace(plan, proposals=proposals)
@@ -486,15 +444,10 @@ def propose_targets(
     money: float,
     in_flight: int,
     rule: str,
-    z: float = Z95,
     tail_fraction: float = 0.1,
 ) -> dict[str, int]:
-    """Token targets whose projected dollars (the 95% upper end) fit ``money``.
-
-    ``equal``: every dataset may add the same number of tokens (or all it can use, if less);
-    ``proportional``: every requested target times one factor (never below what is produced already).
-    Both are found by bisection: the cost grows with the level.
-    """
+    """Token targets whose projected dollars (the 95% upper end) fit ``money``, by bisection on the level (the
+    cost grows with it): ``equal`` adds the same number of tokens to each, ``proportional`` scales every target."""
 
     def targets_at(level: float) -> dict[str, int]:
         out = {}
@@ -514,7 +467,6 @@ def propose_targets(
                 replace(i, token_target=t[i.name]),
                 prices,
                 in_flight,
-                z,
                 cumulative=sums[i.name],
                 tail_fraction=tail_fraction,
             ).usd.high
@@ -549,11 +501,8 @@ class GateDecision:
 
 
 def plan_gate(plan: Mapping[str, Any] | None, dataset: str, requested_target: int) -> GateDecision:
-    """The token target a partition of ``dataset`` runs with, or ``PlanRefusal``.
-
-    No plan at all: the requested target, as before plans existed (the note says so). A plan made for other
-    targets than the datasets ask now is stale: refused, since its money check no longer holds.
-    """
+    """The token target a partition of ``dataset`` runs with, or ``PlanRefusal``: a plan made for other targets
+    than the datasets ask now is stale, since its money check no longer holds."""
     if plan is None:
         return GateDecision(
             requested_target,

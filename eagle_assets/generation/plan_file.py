@@ -13,16 +13,16 @@ from eagle_assets.durable_files import atomic_write_bytes
 from eagle_assets.layout import plan_path
 
 
-def write_plan(doc: dict[str, Any], path: Path | None = None) -> Path:
-    path = path or plan_path()
+def write_plan(doc: dict[str, Any]) -> Path:
+    path = plan_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(path, (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode())
     return path
 
 
-def read_plan(path: Path | None = None) -> dict[str, Any] | None:
+def read_plan() -> dict[str, Any] | None:
     """The recorded plan, or None if there is none. A file that cannot be read as a plan is an error."""
-    path = path or plan_path()
+    path = plan_path()
     try:
         text = path.read_text()
     except FileNotFoundError:
