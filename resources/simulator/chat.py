@@ -1,14 +1,9 @@
 """``POST /chat/completions``: parse and validate the request, route it, pick a fault, answer.
 
-It exercises the generation engine against everything the real service does to a client (429
-storms, 200-with-error bodies, padded or truncated JSON, dropped connections, billing of abandoned
-requests, routing that ignores preferences) in the real shapes (``tests/fixtures/openrouter``): the
-generation id in an ``X-Generation-Id`` header (``generation_id_header``; off as in older recordings)
-as well as the body's first field and every stream chunk's, a non-streaming head sent at once and
-padded with whitespace until the body (``plain_head_first``), 404 when routing
-leaves no endpoint, 403 once a workspace budget is spent, ``content: null`` beside tool calls,
-leading spaces in reasoning and content, and streams whose usage comes in a last chunk with
-``choices: []``. The answer itself is ``chat_plain.py`` or ``chat_stream.py``.
+It exercises the generation engine against everything the real service does to a client (429 storms,
+200-with-error bodies, padded or truncated JSON, dropped connections, billing of abandoned requests, routing
+that ignores preferences) in the real shapes (``tests/fixtures/openrouter``). The answer itself is
+``chat_plain.py`` or ``chat_stream.py``.
 """
 
 import asyncio
@@ -32,7 +27,7 @@ from resources.simulator.responses import (
 )
 from resources.simulator.routing import _names, requested_parameters, route
 from resources.simulator.state import SimulatorState
-from resources.simulator.wire import BadRequest, error_body, seconds_header
+from resources.simulator.wire import BadRequest, authorized, error_body, seconds_header, unauthorized
 
 _MARKER = re.compile(r"\[\[sim:([A-Za-z0-9_=]+)\]\]")
 
@@ -200,8 +195,8 @@ class ChatCompletions(PlainAnswer, StreamAnswer):
 
     def _refused_at_the_door(self, request: web.Request, faults: FaultConfig) -> web.Response | None:
         """401 without a key the account accepts, 429 when the admission bucket is empty; else admitted."""
-        if not self._authorized(request):
-            return self._unauthorized()
+        if not authorized(self.config, request):
+            return unauthorized(self.state)
         state = self.state
         bucket = state.bucket
         if bucket is not None and not bucket.try_take():

@@ -31,7 +31,7 @@ from resources.simulator.responses import (
     TokenAccountant,
 )
 from resources.simulator.state import SimulatorState
-from resources.simulator.wire import answer, authorized, error_body, seconds_header, unauthorized
+from resources.simulator.wire import answer, error_body, seconds_header
 
 PROCESSING = b": OPENROUTER PROCESSING\n\n"
 _SPACE_DRAW = 1 << 32
@@ -90,12 +90,6 @@ class ChatCore:
     def _id_header(self, gen_id: str) -> dict[str, str]:
         return {"X-Generation-Id": gen_id} if self.config.generation_id_header else {}
 
-    def _unauthorized(self) -> web.Response:
-        return unauthorized(self.state)
-
-    def _authorized(self, request: web.Request) -> bool:
-        return authorized(self.config, request)
-
     def _new_id(self) -> str:
         return f"gen-{int(time.time())}-{self._id_prefix}{next(self._counter):010d}"
 
@@ -106,7 +100,7 @@ class ChatCore:
 
     def _account(self, req: ChatRequest, completion: Completion, exclude_reasoning: bool) -> PreparedResponse:
         prompt_tokens = self.accountant.prompt_tokens(req.messages, req.tools)
-        if self._leading_space_rate and self._leading_space(req.content_hash):
+        if self._leading_space_rate and self._draw("space", req.content_hash, self._leading_space_rate):
             # Some Kimi providers start both fields with a space; it is text like any other (counted, kept).
             completion = Completion(
                 " " + completion.reasoning if completion.reasoning else "",
@@ -136,13 +130,9 @@ class ChatCore:
         return prepared
 
     def _draw(self, what: str, content_hash: str, rate: float) -> bool:
-        """A fixed draw per prompt and purpose, true at ``rate``."""
+        """A fixed draw per prompt and purpose (text never depends on the attempt), true at ``rate``."""
         digest = hashlib.blake2b(f"{what}:{self.config.seed}:{content_hash}".encode(), digest_size=4).digest()
         return int.from_bytes(digest, "big") < rate * _SPACE_DRAW
-
-    def _leading_space(self, content_hash: str) -> bool:
-        """A fixed draw per prompt (text never depends on the attempt), at ``leading_space_rate``."""
-        return self._draw("space", content_hash, self._leading_space_rate)
 
     def _usage(self, prompt_tokens: int, completion_tokens: int, reasoning_tokens: int, cost: float) -> dict[str, Any]:
         return {

@@ -1,14 +1,10 @@
 """Start the bundled simulator on loopback when the embedded default needs it.
 
-Each Dagster step runs in its own process, so the simulator must be a process of its own that
-outlives them (its credit balance is shared by every step). The first step to need it spawns it,
-detached, under a file lock so that concurrent steps do not race; the others find it answering.
-Its pid goes to ``simulator.pid`` so that whoever started it (the demo) stops exactly that process.
-
-By default it answers with the tiny target's own greedy output (``--tiny-target-seed``: the child
-builds ``layout.tiny_target_dir(seed)`` if missing, the same model the target resource uses), so
-the training data is what the target really generates. ``EAGLE_FORGE_SIM_GENERATOR=kimi-style``
-switches back to the templated text; ``EAGLE_FORGE_SIM_TINY_TARGET_SEED`` picks the seed (default 0).
+Each Dagster step runs in its own process, so the simulator is a process of its own that outlives them (its
+credit balance is shared by every step): the first step to need it spawns it, detached, under a file lock so
+that concurrent steps do not race; its pid goes to ``simulator.pid`` so that whoever started it (the demo)
+stops exactly that process. It answers with the tiny target's own greedy output unless
+``EAGLE_FORGE_SIM_GENERATOR=kimi-style``, so the training data is what the target really generates.
 """
 
 import json
@@ -111,11 +107,8 @@ def _spawn_command(port: int, gen_flags: list[str]) -> list[str]:
 def ensure_embedded_simulator(
     base_url: str, wait_s: float | None = None, *, tiny_target: str = DEFAULT_TINY_TARGET
 ) -> int | None:
-    """Start the simulator unless it answers; returns the pid it started (None when one was already up).
-
-    ``wait_s`` (default 30 s, 120 s with the tiny target) bounds a slow start only: a child that exits
-    is reported at once, with the last lines it wrote, instead of waiting out the deadline.
-    """
+    """Start the simulator unless it answers; the pid it started (None: one was up). ``wait_s`` bounds a slow
+    start only: a child that exits is reported at once, with the last lines it wrote."""
     u = urlparse(base_url)
     if u.hostname not in ("127.0.0.1", "localhost") or u.port is None:
         raise ValueError(f"the embedded simulator runs on 127.0.0.1 with an explicit port, not {base_url}")

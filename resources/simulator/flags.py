@@ -1,11 +1,8 @@
 """Command-line flags declared on the settings dataclasses themselves.
 
-The simulator's settings used to be written three times (the dataclass, the argparse parser, and the
-function that turns a config back into flags for a child process), and the copies drifted: a setting
-missing from one, a default port that differed. Here a field is the only declaration: its metadata
-(``flag(...)``) says how it is spelled and what its help is, and both the parser and the flags of a
-config are derived from the fields. Adding a setting is one edit, and config -> flags -> config is
-exact because both directions read the same declaration.
+A field is a setting's only declaration (its ``flag(...)`` metadata: spelling and help); the parser and the
+flags of a config for a child process both derive from it, so copies cannot drift and config -> flags ->
+config is exact.
 
 A field without metadata is a flag named after it (``mean_completion_tokens`` ->
 ``--mean-completion-tokens``). Its annotation picks the shape: a bool is a switch that flips the
@@ -55,12 +52,8 @@ class Alias:
 
 @dataclass(frozen=True)
 class Group:
-    """A field holding a settings dataclass of its own.
-
-    ``each`` names a repeatable ``NAME=VALUE`` flag that reaches every field of it; the group's class
-    then offers ``from_mapping`` to turn that text into values. A field of the group without a flag of
-    its own is reachable only that way.
-    """
+    """A field holding a settings dataclass of its own; ``each`` names a repeatable ``NAME=VALUE`` flag reaching
+    all its fields (texts turned into values by the class's ``from_mapping``, if it has one)."""
 
     each: str | None = None
     each_help: str = ""
@@ -229,11 +222,8 @@ def _value(opt: _Option, given: Any) -> Any:
 
 
 def settings_from_namespace(args: argparse.Namespace, cls: type) -> dict[str, Any]:
-    """Keyword arguments of ``cls`` for the flags that were given (absent ones keep the field's default).
-
-    A group's ``NAME=VALUE`` items come first, then its aliases, then its own flags; a group that
-    rejects its values raises ``ValueError`` naming the group.
-    """
+    """Keyword arguments of ``cls`` for the flags given; a group's ``NAME=VALUE`` items, then its aliases, then its
+    own flags (a later one wins), and a group that rejects its values raises ``ValueError`` naming it."""
     given = vars(args)
     kwargs: dict[str, Any] = {}
     for f, annotation in _fields(cls):

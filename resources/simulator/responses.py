@@ -263,31 +263,14 @@ class TokenAccountant:
         c_ids = enc(completion.content)
         t_ids = self.tool_section_ids(completion.tool_calls)
         n_c, n_t = len(c_ids), len(t_ids)
+        whole = (completion.reasoning, completion.content, completion.tool_calls)
         if completion.finish_reason == "length":
             # The generator already stopped at its limit: no end-of-turn token was produced.
-            return PreparedResponse(
-                completion.reasoning,
-                completion.content,
-                completion.tool_calls,
-                "length",
-                prompt_tokens,
-                n_r + 1 + n_c + n_t,
-                n_r,
-                exclude_reasoning,
-            )
+            return PreparedResponse(*whole, "length", prompt_tokens, n_r + 1 + n_c + n_t, n_r, exclude_reasoning)
         total = n_r + 1 + n_c + n_t + 1  # </think> and <|im_end|> are one token each
         if max_tokens is None or max_tokens >= total:
             finish = "tool_calls" if completion.tool_calls else "stop"
-            return PreparedResponse(
-                completion.reasoning,
-                completion.content,
-                completion.tool_calls,
-                finish,
-                prompt_tokens,
-                total,
-                n_r,
-                exclude_reasoning,
-            )
+            return PreparedResponse(*whole, finish, prompt_tokens, total, n_r, exclude_reasoning)
         n = max(0, max_tokens)
         decode = self.tokenizer.decode
         reasoning, content = completion.reasoning, ""
@@ -455,7 +438,7 @@ class KimiStyleGenerator:
         self.mean_completion_tokens = mean_completion_tokens
         self.tool_call_probability = tool_call_probability
         self._sigma = 0.6
-        self._mu = _lognormal_mu(mean_completion_tokens, self._sigma)
+        self._mu = math.log(mean_completion_tokens) - self._sigma * self._sigma / 2.0  # mean: the setting
 
     def _rng(self, content_hash: str) -> random.Random:
         digest = hashlib.blake2b(f"{self.seed}:{content_hash}".encode(), digest_size=8).digest()
@@ -540,7 +523,3 @@ def _function_tools(tools: list[dict[str, Any]] | None, tool_choice: Any) -> lis
         chosen = [f for f in fns if f.get("name") == wanted]
         return chosen or fns
     return fns
-
-
-def _lognormal_mu(mean: float, sigma: float) -> float:
-    return math.log(mean) - sigma * sigma / 2.0

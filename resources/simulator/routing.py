@@ -7,7 +7,7 @@ OpenRouter's routing as documented: ``only``/``ignore`` by slug, full tag or dis
 
 from typing import Any
 
-from resources.simulator.config import ProviderEndpoint
+from resources.simulator.config import SUPPORTED_PARAMETERS, ProviderEndpoint
 
 _FP4_FAMILY = frozenset({"fp4", "mxfp4", "nvfp4"})
 
@@ -37,29 +37,16 @@ def _price_limit(value: Any) -> float | None:
 
 
 # Request fields that are model parameters: with ``require_parameters`` an endpoint must list each one sent.
-REQUEST_PARAMETERS = frozenset(
-    {
-        "max_tokens",
-        "temperature",
-        "top_p",
-        "top_k",
-        "tools",
-        "tool_choice",
-        "reasoning",
-        "include_reasoning",
-        "stop",
-        "response_format",
-        "structured_outputs",
-        "seed",
-        "frequency_penalty",
-        "presence_penalty",
-        "repetition_penalty",
-        "min_p",
-        "logprobs",
-        "top_logprobs",
-        "logit_bias",
-    }
-)
+REQUEST_PARAMETERS = frozenset(SUPPORTED_PARAMETERS) | {
+    "top_k",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "min_p",
+    "logprobs",
+    "top_logprobs",
+    "logit_bias",
+}
 
 
 def requested_parameters(body: dict[str, Any]) -> frozenset[str]:

@@ -1,17 +1,7 @@
 """The OpenRouter stand-in: an aiohttp app speaking the subset of the API this project relies on.
 
-Each route lives in the module named for what it serves:
-
-- ``POST /api/v1/chat/completions``: ``chat.py`` (parse, route, faults), ``chat_plain.py`` and
-  ``chat_stream.py`` (the answer, whole or as SSE), ``chat_core.py`` (what both share);
-- ``GET /api/v1/key``, ``/auth/key``, ``/credits``: ``account.py``;
-- ``GET /api/v1/generation``: ``generation_lookup.py``;
-- ``GET /api/v1/models/{author}/{slug}/endpoints``: ``endpoints.py``;
-- ``/health`` and ``/_sim/*`` (top-ups, workspace budget, faults, stats): ``control_routes.py``.
-
-Shared by all: ``state.py`` (account, billing, persistence, stats), ``routing.py`` (provider
-preferences), ``wire.py`` (JSON bodies, the error envelope, the key check). This module builds the
-app and serves it.
+Each route lives in the module named for what it serves (docs/layout.md maps them); this module
+builds the app and serves it.
 """
 
 import asyncio
@@ -42,11 +32,8 @@ async def _flush_loop(state: SimulatorState, interval: float) -> None:
 
 
 def build_app(config: SimulatorConfig, generator: ResponseGenerator | None = None) -> web.Application:
-    """The simulator as an aiohttp app; ``app[STATE_KEY]`` is its ``SimulatorState``.
-
-    Host it with ``handler_cancellation=True`` (``start_server`` does): billing an abandoned
-    request and dropping a connection both rely on a disconnect cancelling its handler.
-    """
+    """The simulator as an aiohttp app (``app[STATE_KEY]``: its state). Host it with ``handler_cancellation=True``
+    (``start_server`` does): billing an abandoned request and dropping a connection rely on it."""
     state = SimulatorState(config)
     chat = ChatCompletions(config, state, generator)
     account = AccountRoutes(config, state)

@@ -1,7 +1,7 @@
 """The simulator's mutable state: the account and its persistence, billing, stats, generation records.
 
 Owned by the server's event loop; every route reads and changes it only from there (tests go through
-``SimulatorHandle.call``). Billing lives here so that every route bills by the same rule.
+``tests/simulator/harness.py``). Billing lives here so that every route bills by the same rule.
 """
 
 import json
@@ -25,11 +25,6 @@ STATE_VERSION = 1
 
 class StateFileError(OpenRouterError, Systemic, RuntimeError):
     """The state file exists but cannot be read: refuse to start rather than reset the balance."""
-
-
-def _atomic_write_json(path: Path, payload: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(path, orjson.dumps(payload, option=orjson.OPT_INDENT_2))
 
 
 @dataclass
@@ -60,10 +55,6 @@ class GenerationRecord:
     generation_ms: int
     created: float  # epoch seconds
     completed_at: float  # monotonic, for the "not found yet" window
-
-    @property
-    def billed(self) -> bool:
-        return self.cost > 0
 
     def api_data(self, model: str) -> dict[str, Any]:
         return {
@@ -256,16 +247,15 @@ class SimulatorState:
         if path is None or not self._dirty:
             return
         self._dirty = False
-        _atomic_write_json(
-            Path(path),
-            {
-                "version": STATE_VERSION,
-                "limit": self.account.limit,
-                "usage": self.account.usage,
-                "billed_requests_since_start": self.stats.billed_requests,
-                "saved_at": datetime.now(UTC).isoformat(),
-            },
-        )
+        payload = {
+            "version": STATE_VERSION,
+            "limit": self.account.limit,
+            "usage": self.account.usage,
+            "billed_requests_since_start": self.stats.billed_requests,
+            "saved_at": datetime.now(UTC).isoformat(),
+        }
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(Path(path), orjson.dumps(payload, option=orjson.OPT_INDENT_2))
 
     # -- stats ------------------------------------------------------------------------------
     def reset_stats(self) -> None:
