@@ -1,22 +1,12 @@
 """Where the ledger's tables live: one SQLite file (the embedded default) or PostgreSQL (several hosts).
 
-The ledger writes its SQL once, in what both engines speak: ``?`` placeholders, ``ON CONFLICT``,
-``RETURNING``, ``COALESCE(SUM(...), 0)``, and the portable types ``INTEGER``/``REAL``/``TEXT`` in its DDL.
-This module owns only what differs between them:
-
-- connecting (a path or ``sqlite:///path``, else ``postgresql://…``), with the password never shown;
-- the write transaction: every writer is serialized, as admission needs (it reads everything open and
-  decides on it). SQLite does it with ``BEGIN IMMEDIATE``; PostgreSQL with a transaction-scoped advisory
-  lock taken first in every write transaction, so no two hosts ever decide on the same snapshot;
-- DDL types: PostgreSQL's ``INTEGER`` is 32-bit and its ``REAL`` 4 bytes, where the ledger stores nano-dollars
-  (a $100 budget is 10¹¹) and moment sums: they become ``BIGINT`` and ``DOUBLE PRECISION``;
-- the clock: leases expire on the database's clock, the one clock every host shares;
-- a connection that breaks (PostgreSQL restarted or failed over, a backend terminated, a network blip): TCP
-  keepalives and server-side timeouts so that a half-open socket or a stuck writer cannot hang every host
-  (``CONNECT_DEFAULTS``, ``SERVER_TIMEOUTS``); a broken connection is replaced before the next transaction,
-  with bounded retries and a loud ``LedgerDatabaseUnavailable`` after them; a transaction the connection
-  broke under raises ``LedgerConnectionLost``, saying whether its commit may have happened, so that the
-  ledger retries those it can run twice without counting twice (``retrying``).
+The ledger's SQL is written once in what both engines speak; this module owns what differs: connecting (the
+password never shown); serializing every writer, as admission needs (it decides on everything open), with
+``BEGIN IMMEDIATE`` or a transaction-scoped advisory lock, so no two hosts decide on the same snapshot; DDL types
+(PostgreSQL's 32-bit ``INTEGER`` and 4-byte ``REAL`` cannot hold nano-dollars and moment sums); the clock leases
+expire on, the one every host shares; and a connection that breaks (keepalives and server timeouts so a half-open
+socket or a stuck writer cannot hang every host, bounded reconnection, and ``LedgerConnectionLost`` saying whether
+the commit may have happened, so the ledger reruns only what cannot count twice: ``retrying``).
 """
 
 import logging
@@ -26,7 +16,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit, urlunsplit
@@ -203,22 +193,18 @@ class LedgerDatabase:
         self._lock = threading.RLock()
 
     # --- what each backend provides -----------------------------------------------------------
-    @contextmanager
-    def tx(self, durable: bool = True) -> Iterator[Cursor]:
+    def tx(self, durable: bool = True) -> AbstractContextManager[Cursor]:
         """A write transaction that no other process's write transaction overlaps.
 
-        ``durable=False``: soft state that is rewritten within a second anyway (slot leases, heartbeats):
-        PostgreSQL may acknowledge its commit before the WAL reaches the disk, so that its writers, which hold
-        the ledger's lock, do not wait on an fsync. SQLite's commits never wait on one (WAL, synchronous=NORMAL).
+        ``durable=False``: soft state rewritten within a second anyway (slot leases, heartbeats): PostgreSQL may
+        then acknowledge the commit before the WAL reaches the disk, so writers holding the lock do not wait on
+        an fsync (SQLite's never do: WAL, synchronous=NORMAL).
         """
         raise NotImplementedError
-        yield  # pragma: no cover
 
-    @contextmanager
-    def read(self) -> Iterator[Cursor]:
+    def read(self) -> AbstractContextManager[Cursor]:
         """Plain reads, each statement on its own (committed data), serialized with this process's writes."""
         raise NotImplementedError
-        yield  # pragma: no cover
 
     def columns(self, cur: Cursor, table: str) -> set[str]:
         raise NotImplementedError
@@ -334,15 +320,8 @@ class SQLiteLedgerDatabase(LedgerDatabase):
 
 
 _PLACEHOLDER = re.compile(r"\?")
+# ``INSERT INTO t (…) VALUES (?,?)``: the head and the one row of placeholders.
 _INSERT_VALUES = re.compile(r"^(\s*INSERT\s+INTO\s+[^;]*?\bVALUES\s*)(\((?:\s*\?\s*,)*\s*\?\s*\))\s*$", re.I | re.S)
-
-
-def _split_insert(sql: str) -> tuple[str | None, str]:
-    """``INSERT INTO t (…) VALUES (?,?)`` → (``INSERT INTO t (…) VALUES ``, ``(?,?)``); anything else → (None, '')."""
-    m = _INSERT_VALUES.match(sql)
-    return (m.group(1), m.group(2)) if m else (None, "")
-
-
 _PG_TYPES = ((re.compile(r"\bINTEGER\b"), "BIGINT"), (re.compile(r"\bREAL\b"), "DOUBLE PRECISION"))
 
 
@@ -382,15 +361,15 @@ class _PgCursor:
         rows = list(rows)
         if not rows:
             return
-        head, values = _split_insert(sql)
-        if head is None:
+        insert = _INSERT_VALUES.match(sql)
+        if insert is None:
             self._cur = self._conn.cursor()
             self._cur.executemany(self._pg(sql), rows)
             return
         per = max(1, 30_000 // max(1, len(rows[0])))  # PostgreSQL takes at most 65,535 parameters a statement
         for i in range(0, len(rows), per):
             part = rows[i : i + per]
-            self.execute(head + ",".join([values] * len(part)), [v for row in part for v in row])
+            self.execute(insert.group(1) + ",".join([insert.group(2)] * len(part)), [v for row in part for v in row])
 
     def _answered(self) -> Any:
         if self._cur is None:
@@ -433,10 +412,9 @@ class PostgresLedgerDatabase(LedgerDatabase):
         try:
             db = psycopg.connect(connection_string(self.url), autocommit=True, cursor_factory=psycopg.RawCursor)
         except psycopg.Error as exc:
-            # libpq's message can quote the connection string; say where, never with what password.
             raise ConnectionError(
                 f"cannot connect to the ledger database {redact_url(self.url)}: {type(exc).__name__}"
-                f" ({str(exc).replace(self.url, redact_url(self.url)).splitlines()[0] if str(exc) else 'no detail'})"
+                f" ({self._detail(exc) or 'no detail'})"
             ) from None
         # SUM over BIGINT is NUMERIC in PostgreSQL; the ledger's arithmetic is in floats and ints, as SQLite's.
         db.adapters.register_loader("numeric", FloatLoader)
@@ -477,25 +455,26 @@ class PostgresLedgerDatabase(LedgerDatabase):
             f" connect again over {sum(self.reconnect_delays_s):.0f} s failed ({last})"
         )
 
-    def _lost(self, exc: Exception, commit_sent: bool) -> LedgerConnectionLost | None:
-        """The exception as ``LedgerConnectionLost`` if the connection broke or the server rolled back, else None."""
+    def _detail(self, exc: Exception) -> str:
+        """The first line of ``exc``: libpq's message can quote the connection string, never with its password."""
+        return str(exc).replace(self.url, redact_url(self.url)).splitlines()[0] if str(exc) else ""
+
+    def _raise_if_lost(self, exc: Exception, commit_sent: bool) -> None:
+        """Raise ``exc`` as ``LedgerConnectionLost`` if the connection broke or the server rolled back."""
         import psycopg
 
         if not isinstance(exc, psycopg.OperationalError):
-            return None
+            return
         rolled_back = getattr(exc, "sqlstate", None) in _ROLLED_BACK_SQLSTATES
         if not (rolled_back or self._db.broken or self._db.closed):
-            return None
-        detail = str(exc).replace(self.url, redact_url(self.url)).splitlines()[0] if str(exc) else type(exc).__name__
+            return
         if rolled_back:
             what = f"the ledger database {redact_url(self.url)} rolled the transaction back"
         else:
             when = "while committing" if commit_sent else "before its commit"
             what = f"the ledger connection to {redact_url(self.url)} broke {when}"
-        return LedgerConnectionLost(
-            f"{what} ({detail}).",
-            commit_unknown=commit_sent and not rolled_back,
-        )
+        detail = self._detail(exc) or type(exc).__name__
+        raise LedgerConnectionLost(f"{what} ({detail}).", commit_unknown=commit_sent and not rolled_back) from exc
 
     @contextmanager
     def tx(self, durable: bool = True) -> Iterator[Cursor]:
@@ -514,10 +493,8 @@ class PostgresLedgerDatabase(LedgerDatabase):
                     yield cur
                     commit_sent = True  # from here the transaction's exit sends COMMIT
             except Exception as exc:
-                lost = self._lost(exc, commit_sent)
-                if lost is None:
-                    raise
-                raise lost from exc
+                self._raise_if_lost(exc, commit_sent)
+                raise
 
     @contextmanager
     def read(self) -> Iterator[Cursor]:
@@ -526,10 +503,8 @@ class PostgresLedgerDatabase(LedgerDatabase):
             try:
                 yield _PgCursor(self._db, self._sql)
             except Exception as exc:
-                lost = self._lost(exc, commit_sent=False)  # reads commit nothing
-                if lost is None:
-                    raise
-                raise lost from exc
+                self._raise_if_lost(exc, commit_sent=False)  # reads commit nothing
+                raise
 
     def columns(self, cur: Cursor, table: str) -> set[str]:
         rows = cur.execute(
