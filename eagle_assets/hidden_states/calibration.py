@@ -11,6 +11,7 @@ A store extracted through SGLang is calibrated through the engine instead (``cal
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
@@ -22,6 +23,7 @@ from eagle_assets.hidden_states.fidelity import (
     FidelityConfig,
     NextTokenFigures,
     ShardCalibration,
+    calibrate_shards,
     calibration_positions,
     head_predictions,
     logprob_noise,
@@ -77,11 +79,11 @@ def _full_run(
 @torch.inference_mode()
 def calibrate_shard(
     model: PreTrainedModel,
-    samples: Sequence[HiddenStateSample],
     layers: AuxLayers,
-    *,
+    samples: Sequence[HiddenStateSample],
     shard: str,
     key: str,
+    *,
     store_dtype: torch.dtype,
     last_kind: str = "post_norm",
     config: FidelityConfig | None = None,
@@ -166,17 +168,5 @@ def calibrate_store(
 ) -> Calibration:
     """The calibration file of a store: one record per corpus shard, in the store's shard order."""
     config = config or FidelityConfig()
-    records = {}
-    for index, (key, samples) in enumerate(shards):
-        name = f"shard-{index:05d}"
-        records[name] = calibrate_shard(
-            model,
-            samples,
-            layers,
-            shard=name,
-            key=key,
-            store_dtype=store_dtype,
-            last_kind=last_kind,
-            config=config,
-        )
-    return Calibration(model_id, dtype_name(store_dtype), last_kind, config, records)
+    one = partial(calibrate_shard, model, layers, store_dtype=store_dtype, last_kind=last_kind, config=config)
+    return Calibration(model_id, dtype_name(store_dtype), last_kind, config, calibrate_shards(shards, one))

@@ -39,7 +39,7 @@ from eagle_assets.hidden_states.fidelity import (
 from eagle_assets.hidden_states.layers import AuxLayers
 from eagle_assets.hidden_states.samples import HiddenStateSample, input_fingerprint
 from eagle_assets.hidden_states.sglang_wire import features_from_response
-from eagle_assets.hidden_states.store_format import dtype_name
+from eagle_assets.hidden_states.store_format import shard_name
 
 SGLANG_SOURCE = "sglang"
 Generate = Callable[..., Any]  # ``Engine.generate(**request)``
@@ -104,12 +104,12 @@ def scored_by_engine(
 
 def calibrate_shard_engine(
     generate: Generate,
-    samples: Sequence[HiddenStateSample],
     layers: AuxLayers,
     head: Callable[[torch.Tensor], torch.Tensor],
-    *,
+    samples: Sequence[HiddenStateSample],
     shard: str,
     key: str,
+    *,
     hidden_size: int,
     store_dtype: torch.dtype,
     compute_dtype: torch.dtype = torch.bfloat16,
@@ -175,38 +175,6 @@ def calibrate_shard_engine(
     )
 
 
-def calibrate_store_engine(
-    generate: Generate,
-    shards: Sequence[tuple[str, Sequence[HiddenStateSample]]],
-    layers: AuxLayers,
-    head: Callable[[torch.Tensor], torch.Tensor],
-    *,
-    model_id: str,
-    hidden_size: int,
-    store_dtype: torch.dtype,
-    compute_dtype: torch.dtype = torch.bfloat16,
-    config: FidelityConfig | None = None,
-) -> Calibration:
-    """The calibration file of an SGLang store: one record per corpus shard, in the store's shard order."""
-    config = config or FidelityConfig()
-    records = {}
-    for index, (key, samples) in enumerate(shards):
-        name = f"shard-{index:05d}"
-        records[name] = calibrate_shard_engine(
-            generate,
-            samples,
-            layers,
-            head,
-            shard=name,
-            key=key,
-            hidden_size=hidden_size,
-            store_dtype=store_dtype,
-            compute_dtype=compute_dtype,
-            config=config,
-        )
-    return Calibration(model_id, dtype_name(store_dtype), "post_norm", config, records)
-
-
 def calibration_is_current(
     existing: Calibration | None, shards: Sequence[tuple[str, Sequence[HiddenStateSample]]], config: FidelityConfig
 ) -> bool:
@@ -215,6 +183,6 @@ def calibration_is_current(
     if existing is None or existing.config != config or len(existing.shards) != len(shards):
         return False
     return all(
-        (rec := existing.shards.get(f"shard-{i:05d}")) is not None and rec.input_fingerprint == input_fingerprint(s)
+        (rec := existing.shards.get(shard_name(i))) is not None and rec.input_fingerprint == input_fingerprint(s)
         for i, (_, s) in enumerate(shards)
     )

@@ -1,13 +1,8 @@
 """Backend 2: target features from SGLang, for targets that need tensor parallelism (Kimi K2.5, tp=8).
 
-SGLang is not a dependency of eagle-forge: this module imports without it, and only starting an engine needs it
-(``pip install "sglang[all]"`` on the GPU host; the error says so). Everything that does not need a GPU (engine and
-server arguments, requests, response to tensors, layer ids, the two-pass orchestration into the store) is plain
-Python, tested on CPU against a fake engine that answers in SGLang's response shape (``tests/hidden_states``).
-
-What SGLang's API returns, why one engine gives either the aux states or the last state and so features come from
-two passes (``aux`` and ``last``, each its own engine, joined by the store's index and resumed independently),
-and what that costs: docs/sglang-hidden-states.md.
+SGLang is not a dependency: this module imports without it, and only starting an engine needs it. Why features
+come from two passes (``aux`` and ``last``, one engine each, resumed independently), what SGLang returns and what
+it costs: docs/sglang-hidden-states.md.
 """
 
 from __future__ import annotations
@@ -16,6 +11,7 @@ import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +20,11 @@ import torch
 from eagle_assets.errors import ConfigError
 from eagle_assets.hidden_states.capture_draft import write_capture_draft
 from eagle_assets.hidden_states.fidelity_spec import FidelityConfig
-from eagle_assets.hidden_states.layers import AuxLayers, resolve_aux_layers
+from eagle_assets.hidden_states.layers import AuxLayers
 from eagle_assets.hidden_states.pipeline import BatchFn, ExtractReport, Progress, ShardsInput, run_extraction
 from eagle_assets.hidden_states.samples import HiddenStateSample
 from eagle_assets.hidden_states.sglang_wire import SGLangResponseError, build_generate_request, features_from_response
-from eagle_assets.hidden_states.store_format import FEATURES, StoreMeta
+from eagle_assets.hidden_states.store_format import StoreMeta, dtype_name
 from eagle_assets.target.architecture import read_target_dims
 
 SGLANG_INSTALL = 'pip install "sglang[all]"  (on the GPU host; eagle-forge does not depend on it)'
@@ -59,11 +55,9 @@ def import_sglang() -> Any:
 class SGLangCaptureConfig:
     """How the SGLang engine for one capture pass is started.
 
-    ``max_seq_len`` bounds the longest sample: prefix caching is disabled and the chunked-prefill
-    size is raised above it because SGLang returns the prompt's hidden states only for the tokens
-    computed in the request's *last* prefill chunk, sliced by the prompt length — a cached prefix
-    or a chunked prompt would misalign rows. ``draft_path`` is the EAGLE-3 draft directory the
-    ``"aux"`` pass needs (see ``write_capture_draft``).
+    SGLang returns the prompt's hidden states only for the tokens of the request's *last* prefill chunk, so
+    prefix caching is off and the chunk is sized above ``max_seq_len``: a cached prefix or a chunked prompt would
+    misalign rows. ``draft_path``: the capture draft the ``"aux"`` pass needs (``write_capture_draft``).
     """
 
     model_path: str
@@ -114,6 +108,11 @@ class SGLangCaptureConfig:
         kw.update(self.extra_engine_args)
         return kw
 
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """What the engine computes in ("auto": bf16, Kimi's): it bounds how precise a stored state can be."""
+        return {"float32": torch.float32, "float16": torch.float16}.get(self.dtype, torch.bfloat16)
+
     def server_argv(self, role: str, *, host: str = "127.0.0.1", port: int = 30000) -> list[str]:
         """The equivalent ``python -m sglang.launch_server`` command line."""
         argv = ["python", "-m", "sglang.launch_server"]
@@ -129,10 +128,7 @@ class SGLangCaptureConfig:
 
 
 class SGLangEngineClient:
-    """A ``BatchFn`` for one role over an in-process ``sglang.Engine`` (started on first use).
-
-    ``engine`` may be passed in (tests pass a fake with the same ``generate`` signature).
-    """
+    """A ``BatchFn`` for one role over an in-process ``sglang.Engine``, started on first use unless given."""
 
     def __init__(
         self,
@@ -183,59 +179,38 @@ class SGLangEngineClient:
 def extract_sglang(
     shards: ShardsInput,
     out_dir: str | Path,
-    config: SGLangCaptureConfig | None = None,
+    config: SGLangCaptureConfig,
     *,
-    model_path: str | Path | None = None,
     model_id: str | None = None,
-    layers: AuxLayers | Sequence[int] | None = None,
-    layer_convention: str = "hf",
     dtype: torch.dtype = torch.bfloat16,
-    with_last: bool = True,
-    roles: Sequence[str] | None = None,
     client_factory: Callable[[SGLangCaptureConfig, str, int], BatchFn] | None = None,
     progress: Callable[[Progress], None] | None = None,
     check_space: bool = True,
-    reserve_bytes: int = 0,
     calibration: FidelityConfig | None = None,
     head: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> dict[str, ExtractReport]:
     """Run the ``aux`` pass, then the ``last`` pass, into one store; each pass resumes on its own.
 
-    Give either ``config`` or ``model_path`` (+ optional ``layers``). ``client_factory(config, role,
-    hidden_size)`` makes the per-pass ``BatchFn`` (default: ``SGLangEngineClient``, engine started
-    lazily, so a pass with nothing left to do never starts one).
-
-    With ``calibration``, the ``last`` pass's engine, before it is shut down, also scores the calibration
-    samples of every shard (``calibration_sglang.py``) and the store gets its ``fidelity_calibration.json``,
-    which the fidelity checks need; ``head`` is the target's head (default: ``load_target_head`` on the CPU).
-    A current calibration on disk is kept (no engine started for it).
+    ``client_factory(config, role, hidden_size)`` makes a pass's ``BatchFn`` (default: ``SGLangEngineClient``,
+    whose lazy engine a pass with nothing left to do never starts). With ``calibration``, the ``last`` pass's
+    engine also scores every shard's calibration samples before it is shut down (the fidelity checks need them;
+    ``head`` defaults to ``load_target_head``); a current calibration on disk is kept.
     """
-    if config is None:
-        if model_path is None:
-            raise ValueError("pass config or model_path")
-        dims = read_target_dims(model_path)
-        config = SGLangCaptureConfig(
-            model_path=str(model_path), layers=resolve_aux_layers(dims.num_layers, layers, convention=layer_convention)
-        )
     dims = read_target_dims(config.model_path)
     if config.layers.num_layers != dims.num_layers:
         raise ValueError(f"layers chosen for {config.layers.num_layers} layers, target has {dims.num_layers}")
-    features = FEATURES if with_last else ("aux",)
-    roles = tuple(roles or features)
     meta = StoreMeta(
         model_id=model_id or str(config.model_path),
         hidden_size=dims.hidden_size,
         layers=config.layers,
         dtype=dtype,
-        features=features,
-        last_kind="post_norm",
         extra={"backend": "sglang", "tp_size": config.tp_size},
     )
     factory = client_factory or (
         lambda cfg, role, hidden: SGLangEngineClient(cfg, role, hidden_size=hidden, out_dtype=dtype)
     )
     reports: dict[str, ExtractReport] = {}
-    for role in roles:
+    for role in ROLES:
         client = factory(config, role, dims.hidden_size)
         try:
             reports[role] = run_extraction(
@@ -247,7 +222,6 @@ def extract_sglang(
                 max_tokens_per_batch=config.max_tokens_per_batch,
                 progress=progress,
                 check_space=check_space,
-                reserve_bytes=reserve_bytes,
             )
             if role == "last" and calibration is not None:
                 _calibrate(client, shards, out_dir, config, meta, calibration, head)
@@ -256,9 +230,6 @@ def extract_sglang(
             if callable(close):
                 close()
     return reports
-
-
-_COMPUTE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 def _calibrate(
@@ -271,8 +242,8 @@ def _calibrate(
     head: Callable[[torch.Tensor], torch.Tensor] | None,
 ) -> None:
     """The store's calibration through the ``last`` engine (its requests also return the final states)."""
-    from eagle_assets.hidden_states.calibration_sglang import calibrate_store_engine, calibration_is_current
-    from eagle_assets.hidden_states.fidelity import read_calibration, write_calibration
+    from eagle_assets.hidden_states.calibration_sglang import calibrate_shard_engine, calibration_is_current
+    from eagle_assets.hidden_states.fidelity import Calibration, calibrate_shards, read_calibration, write_calibration
     from eagle_assets.hidden_states.pipeline import normalize_shards
 
     items = normalize_shards(shards)
@@ -285,18 +256,18 @@ def _calibrate(
         from eagle_assets.draft.target import load_target_head
 
         head = load_target_head(config.model_path, "post_norm")
-    calibration = calibrate_store_engine(
+    one = partial(
+        calibrate_shard_engine,
         engine.generate,
-        items,
         config.layers,
         head,
-        model_id=meta.model_id,
         hidden_size=meta.hidden_size,
         store_dtype=meta.dtype,
-        compute_dtype=_COMPUTE_DTYPES.get(config.dtype, torch.bfloat16),  # "auto": bf16, Kimi's
+        compute_dtype=config.compute_dtype,
         config=fidelity,
     )
-    write_calibration(out_dir, calibration)
+    records = calibrate_shards(items, one)
+    write_calibration(out_dir, Calibration(meta.model_id, dtype_name(meta.dtype), "post_norm", fidelity, records))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -312,12 +283,8 @@ def parity_check(
     work_dir: str | Path = "sglang-parity",
     seed: int = 0,
 ) -> dict[str, float]:
-    """Extract a few random samples through both SGLang passes and through ``extract_hf``; compare.
-
-    For a model that fits one GPU (e.g. an 8B Llama/Qwen): this is the check that turns this
-    backend from "written against the sources" into "verified". Returns the max abs difference
-    per feature relative to the feature's max magnitude (bf16 noise is ~1e-2).
-    """
+    """Max |difference| per feature, relative to its max magnitude (bf16 noise: ~1e-2), between both SGLang passes
+    and ``extract_hf`` on a few random samples of a target that fits one GPU: what verifies this backend."""
     import random
 
     from eagle_assets.hidden_states.extract_hf import extract_hf

@@ -25,6 +25,8 @@ import torch
 
 from eagle_assets.durable_files import atomic_write_bytes
 from eagle_assets.hidden_states.fidelity_spec import FidelityConfig
+from eagle_assets.hidden_states.samples import HiddenStateSample
+from eagle_assets.hidden_states.store_format import shard_name
 
 CALIBRATION_NAME = "fidelity_calibration.json"
 CALIBRATION_FORMAT = "eagle-forge-fidelity-calibration/1"
@@ -317,6 +319,16 @@ class Calibration:
             config=FidelityConfig(**d["config"]),
             shards={k: ShardCalibration.from_dict(v) for k, v in d["shards"].items()},
         )
+
+
+Calibrate = Callable[[Sequence[HiddenStateSample], str, str], ShardCalibration]  # (samples, shard name, corpus key)
+
+
+def calibrate_shards(
+    shards: Sequence[tuple[str, Sequence[HiddenStateSample]]], calibrate: Calibrate
+) -> dict[str, ShardCalibration]:
+    """One record per corpus shard, named as the store names its shards."""
+    return {shard_name(i): calibrate(samples, shard_name(i), key) for i, (key, samples) in enumerate(shards)}
 
 
 def write_calibration(store_dir: str | Path, calibration: Calibration) -> Path:

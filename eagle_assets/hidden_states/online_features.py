@@ -1,27 +1,24 @@
 """Which per-batch function an online run's stream calls: the extraction's own, in process or through SGLang.
 
-Online and offline features are the same numbers by construction because they come from the same function:
-``hf``, ``HFFeatureExtractor`` (``extract_hf.py``) over the target loaded beside the draft, the gate calibrating
-with the model itself; ``sglang``, ``SGLangEngineClient`` (``extract_sglang.py``) once per pass, so an online
-SGLang run keeps the ``aux`` and ``last`` engines up beside the trainer, the gate calibrating through the ``last``
-engine's input log-probabilities (``calibration_sglang.calibrate_shard_engine``).
-
-``online_stream`` is what ``train_cli`` resolves by name (``TokensData.stream``), so that the draft package never
-imports this one (``eagle_assets.hidden_states`` uses ``eagle_assets.draft``, not the reverse).
+Online and offline features are the same numbers because they come from the same function (``HFFeatureExtractor``
+over the target loaded beside the draft, or one ``SGLangEngineClient`` per pass), and the gate calibrates as the
+offline backend does. ``train_cli`` resolves ``online_stream`` by name (``TokensData.stream``), so that the draft
+package never imports this one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from eagle_assets.draft.data import Row
-from eagle_assets.draft.online_stream import OnlineFeatureStream
+from eagle_assets.draft.online_stream import OnlineFeatureStream, RowFeatures
 from eagle_assets.draft.run_config import TargetSpec, TokensData
-from eagle_assets.hidden_states.fidelity import ShardCalibration
+from eagle_assets.hidden_states.fidelity import Calibrate
 from eagle_assets.hidden_states.fidelity_spec import FidelityConfig
 from eagle_assets.hidden_states.layers import AuxLayers
 from eagle_assets.hidden_states.online_fidelity import StreamFidelityGate
@@ -33,61 +30,39 @@ from eagle_assets.target.architecture import read_target_dims
 EngineFactory = Callable[[str, dict[str, Any]], Any]  # (role, sglang.Engine kwargs) -> an engine
 
 
-def row_samples(rows: Sequence[Row], indices: Sequence[int]) -> list[HiddenStateSample]:
-    """Training rows as the extraction sees its samples (a row's id is its dataset index)."""
-    return [
-        HiddenStateSample(f"row-{i}", r["input_ids"].tolist(), r["loss_mask"].to(torch.int64).tolist())
-        for r, i in zip(rows, indices, strict=True)
-    ]
+def extraction_features(batch_fn: BatchFn) -> RowFeatures:
+    """The stream's per-batch function over an extraction's: rows become samples (a row's id is its dataset index)."""
+
+    def features(rows: Sequence[Row], indices: Sequence[int]) -> list[dict[str, torch.Tensor]]:
+        samples = [
+            HiddenStateSample(f"row-{i}", r["input_ids"].tolist(), r["loss_mask"].to(torch.int64).tolist())
+            for r, i in zip(rows, indices, strict=True)
+        ]
+        return batch_fn(samples)
+
+    return features
 
 
-class ExtractionFeatures:
-    """``RowFeatures`` over an extraction ``BatchFn``: the rows become samples, the samples' features come back."""
+def joined_passes(aux: BatchFn, last: BatchFn) -> BatchFn:
+    """Both features from the two SGLang passes' clients, request by request as the extraction sends them."""
 
-    def __init__(self, batch_fn: BatchFn):
-        self.batch_fn = batch_fn
+    def both(batch: Sequence[HiddenStateSample]) -> list[dict[str, torch.Tensor]]:
+        return [{**a, **b} for a, b in zip(aux(batch), last(batch), strict=True)]
 
-    def __call__(self, rows: Sequence[Row], indices: Sequence[int]) -> list[dict[str, torch.Tensor]]:
-        return self.batch_fn(row_samples(rows, indices))
-
-    def close(self) -> None:
-        close = getattr(self.batch_fn, "close", None)
-        if callable(close):
-            close()
-
-
-class JoinedPasses:
-    """A ``BatchFn`` giving both features from the two SGLang passes' clients (one role each), request by request
-    as the extraction sends them."""
-
-    def __init__(self, aux: BatchFn, last: BatchFn):
-        self.aux, self.last = aux, last
-
-    def __call__(self, batch: Sequence[HiddenStateSample]) -> list[dict[str, torch.Tensor]]:
-        return [{**a, **b} for a, b in zip(self.aux(batch), self.last(batch), strict=True)]
-
-    def close(self) -> None:
-        for client in (self.aux, self.last):
-            close = getattr(client, "close", None)
-            if callable(close):
-                close()
+    return both
 
 
 def hf_features(
     model: Any, layers: AuxLayers, *, store_dtype: torch.dtype, last_kind: str, config: FidelityConfig | None = None
-) -> tuple[BatchFn, Callable[[Sequence[HiddenStateSample], str, str], ShardCalibration]]:
+) -> tuple[BatchFn, Calibrate]:
     """The in-process extraction's per-batch function and the calibration the offline HF path records."""
     from eagle_assets.hidden_states.calibration import calibrate_shard
     from eagle_assets.hidden_states.extract_hf import HFFeatureExtractor
 
     extractor = HFFeatureExtractor(model, layers, last_kind=last_kind, out_dtype=store_dtype)
-
-    def calibrate(samples: Sequence[HiddenStateSample], shard: str, key: str) -> ShardCalibration:
-        return calibrate_shard(
-            model, samples, layers, shard=shard, key=key, store_dtype=store_dtype, last_kind=last_kind, config=config
-        )
-
-    return extractor, calibrate
+    return extractor, partial(
+        calibrate_shard, model, layers, store_dtype=store_dtype, last_kind=last_kind, config=config
+    )
 
 
 def sglang_features(
@@ -100,7 +75,7 @@ def sglang_features(
     scratch_root: Path,
     engine_factory: EngineFactory | None = None,
     config: FidelityConfig | None = None,
-) -> tuple[BatchFn, Callable[[Sequence[HiddenStateSample], str, str], ShardCalibration]]:
+) -> tuple[BatchFn, Calibrate]:
     """Both SGLang passes' clients and the engine calibration; ``engine_factory(role, engine kwargs)`` starts an
     engine (default: ``sglang.Engine`` on first use; tests give the stand-in)."""
     from eagle_assets.hidden_states.calibration_sglang import calibrate_shard_engine
@@ -123,23 +98,21 @@ def sglang_features(
         )
         for role in ("aux", "last")
     }
-    compute_dtype = {"float32": torch.float32, "float16": torch.float16}.get(capture.dtype, torch.bfloat16)
 
-    def calibrate(samples: Sequence[HiddenStateSample], shard: str, key: str) -> ShardCalibration:
-        return calibrate_shard_engine(
-            clients["last"].engine.generate,
-            samples,
-            layers,
-            head,
-            shard=shard,
-            key=key,
-            hidden_size=hidden,
-            store_dtype=store_dtype,
-            compute_dtype=compute_dtype,
-            config=config,
-        )
+    def generate(**request: Any) -> Any:  # the last pass's engine, started on first use
+        return clients["last"].engine.generate(**request)
 
-    return JoinedPasses(clients["aux"], clients["last"]), calibrate
+    calibrate = partial(
+        calibrate_shard_engine,
+        generate,
+        layers,
+        head,
+        hidden_size=hidden,
+        store_dtype=store_dtype,
+        compute_dtype=capture.compute_dtype,
+        config=config,
+    )
+    return joined_passes(clients["aux"], clients["last"]), calibrate
 
 
 def online_stream(
@@ -198,7 +171,7 @@ def online_stream(
         gate = StreamFidelityGate(meta, calibrate, head, config=fidelity, scratch_root=root, device=device)
     return OnlineFeatureStream(
         dataset,
-        ExtractionFeatures(batch_fn or produce),
+        extraction_features(batch_fn or produce),
         depth=spec.prefetch,
         gate=gate,
         gate_rows=fidelity.calibration_samples,

@@ -21,17 +21,15 @@ import torch
 from eagle_assets.corpus.outcome import CheckOutcome
 from eagle_assets.draft.online_stream import Prefetched
 from eagle_assets.errors import TargetError
-from eagle_assets.hidden_states.fidelity import Calibration, ShardCalibration, write_calibration
+from eagle_assets.hidden_states.fidelity import Calibrate, Calibration, write_calibration
 from eagle_assets.hidden_states.fidelity_checks import CorpusShard, run_fidelity_checks
 from eagle_assets.hidden_states.fidelity_spec import FidelityConfig
 from eagle_assets.hidden_states.pipeline import run_extraction
 from eagle_assets.hidden_states.samples import HiddenStateSample
-from eagle_assets.hidden_states.store_format import StoreMeta, dtype_name
+from eagle_assets.hidden_states.store_format import StoreMeta, dtype_name, shard_name
 
 ONLINE_PARTITION = "online"
-SCRATCH_SHARD = "shard-00000"
-
-Calibrate = Callable[[Sequence[HiddenStateSample], str, str], ShardCalibration]  # (samples, shard, key)
+SCRATCH_SHARD = shard_name(0)
 
 
 class OnlineFidelityError(TargetError, RuntimeError):

@@ -144,7 +144,11 @@ class StoreMeta:
         )
 
 
+def shard_name(index: int) -> str:
+    """Store shard ``index``'s name: its index entry, its calibration record, the stem of its files."""
+    return f"shard-{index:05d}"
+
+
 def shard_file_name(index: int, group: Sequence[str], all_features: Sequence[str]) -> str:
-    if tuple(group) == tuple(all_features):
-        return f"shard-{index:05d}.safetensors"
-    return f"shard-{index:05d}-{'-'.join(group)}.safetensors"
+    suffix = "" if tuple(group) == tuple(all_features) else "-" + "-".join(group)
+    return f"{shard_name(index)}{suffix}.safetensors"

@@ -33,6 +33,7 @@ from eagle_assets.hidden_states.store_format import (
     StoreMeta,
     StoreMismatchError,
     shard_file_name,
+    shard_name,
 )
 
 # An index update takes milliseconds: a writer that waits this long for another has met a stuck one.
@@ -151,7 +152,7 @@ class StoreWriter:
             return
         with self._index_writer() as lease:
             index_doc = self._read_index() or {**self.meta.to_index(), "shards": {}}
-            entry = index_doc["shards"].get(f"shard-{index:05d}")
+            entry = index_doc["shards"].get(shard_name(index))
             if entry and name in entry.get("files", {}):
                 del entry["files"][name]
                 lease.check()
@@ -180,7 +181,7 @@ class StoreWriter:
         with self._index_writer() as lease:
             doc = self._read_index() or {**self.meta.to_index(), "shards": {}}
             self._check_identity(doc)
-            sid = f"shard-{index:05d}"
+            sid = shard_name(index)
             fp = input_fingerprint(samples)
             entry = doc["shards"].get(sid)
             if entry is None or entry.get("input_fingerprint") != fp:
