@@ -1,11 +1,8 @@
 """Which cap on the account's money is in force, and how much of it is left.
 
-``/key`` says what the key may still spend (``limit_remaining``). An unlimited key says null there,
-which used to switch the check off altogether; the account's own credits still run out, and
-``/credits`` tells how far, but only to a management key (a normal key gets 403). So: the key's
-limit when it has one, else the account's credits where ``/credits`` answers, else nothing visible —
-and the log says which, because "nothing" means only ``budget_usd`` and OpenRouter's own 402s stop
-spending.
+An unlimited key says null for ``limit_remaining``, yet the account's credits still run out, and only a
+management key may read ``/credits``. So: the key's limit, else the credits where ``/credits`` answers, else
+nothing visible, and the log says which, because then only ``budget_usd`` and OpenRouter's 402s stop spending.
 """
 
 from dataclasses import dataclass

@@ -1,18 +1,11 @@
 """Async OpenRouter client on aiohttp.
 
-Why aiohttp and not httpx's own pool: at 2000 requests in flight httpx's pool is CPU-bound (tens of
-ms of CPU per request on 2 cores), while aiohttp's connector costs about a millisecond
-(``benchmarks/bench_transport.py`` measures both). The client never raises for what the server
-answers: it returns a ``RawResponse`` and ``outcomes.classify`` decides what it means.
-
-The generation id comes first from the ``X-Generation-Id`` header of the response head, which
-OpenRouter sends before its whitespace padding and the body (recordings from October 2026 carry it
-on 200, 400, 402 and 429): it is kept even when the body never arrives (a timeout in the padding),
-and handed to ``on_generation_id`` as soon as the head is in, so that a caller can write it down
-before the answer (or a crash) comes. Older responses had no such header, so the client also keeps
-what it takes to find the id otherwise: the bytes read so far when a body is cut off (real bodies
-begin with ``{"id":"gen-…"``), and the first chunk of a stream. With ``"stream": true`` in the payload the
-answer goes through ``stream_transport`` (why: its docstring) and is reassembled by ``sse``.
+Why aiohttp and not httpx's pool: at 2000 in flight httpx's pool costs tens of ms of CPU per request, aiohttp's
+connector about one (``benchmarks/bench_transport.py``). The client never raises for what the server answers:
+``outcomes.classify`` decides what a ``RawResponse`` means. The generation id is taken from the response head's
+``X-Generation-Id`` (sent before the padding, so a timeout in it keeps the id) and handed to ``on_generation_id``
+at once, so a caller can write it down before the answer (or a crash) comes; else from a cut body's first bytes
+or a stream's first chunk. ``"stream": true`` goes through ``stream_transport`` and is reassembled by ``sse``.
 """
 
 import time
@@ -30,6 +23,8 @@ from resources.openrouter.sse import assemble_sse
 from resources.openrouter.stream_transport import StreamPool
 
 _KEPT_HEADERS = ("retry-after", "x-ratelimit-reset", "x-generation-id")
+_CONNECT_TIMEOUT_S = 30.0
+_STREAM_READ_INTERVAL_S = 0.25
 _TRANSPORT_ERRORS = (
     aiohttp.ClientPayloadError,
     aiohttp.ServerDisconnectedError,
@@ -40,10 +35,8 @@ _TRANSPORT_ERRORS = (
 
 
 class OpenRouterHTTPError(OpenRouterError, Systemic, RuntimeError):
-    """An account/metadata call (not a completion) failed; carries status and a short message.
-
-    Systemic: every partition makes the same calls with the same key (a refused key, a server that does
-    not answer)."""
+    """An account/metadata call (not a completion) failed. Systemic: every partition makes the same calls with
+    the same key."""
 
     def __init__(self, what: str, status: int | None, message: str) -> None:
         super().__init__(f"{what} failed: HTTP {status}: {message[:200]}")
@@ -58,17 +51,13 @@ class OpenRouterClient:
         *,
         max_connections: int = 2000,
         request_timeout_s: float = 600.0,
-        connect_timeout_s: float = 30.0,
-        app_title: str = "eagle-forge",
-        stream_read_interval_s: float = 0.25,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self._key = api_key
         self._max_connections = max_connections
-        self._timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_connect=connect_timeout_s)
-        self._read_interval_s = stream_read_interval_s
+        self._timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_connect=_CONNECT_TIMEOUT_S)
         self._pool: StreamPool | None = None
-        self._headers = {"X-Title": app_title, "Content-Type": "application/json"}
+        self._headers = {"X-Title": "eagle-forge", "Content-Type": "application/json"}
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> "OpenRouterClient":
@@ -144,14 +133,14 @@ class OpenRouterClient:
         payload: dict[str, Any],
         idle_timeout_s: float,
         on_generation_id: Callable[[str], None] | None,
-        on_accepted: Callable[[], None] | None = None,
+        on_accepted: Callable[[], None] | None,
     ) -> RawResponse:
         start = time.monotonic()
         if self._pool is None:
             self._pool = StreamPool(
                 self.base_url,
                 {**self._headers, "Authorization": f"Bearer {self._key.reveal()}"},
-                connect_timeout_s=self._timeout.sock_connect or 30.0,
+                connect_timeout_s=_CONNECT_TIMEOUT_S,
                 max_idle=self._max_connections,
             )
         res = await self._pool.post(
@@ -159,7 +148,7 @@ class OpenRouterClient:
             orjson.dumps(payload),
             total_timeout_s=self._timeout.total or 600.0,
             idle_timeout_s=idle_timeout_s,
-            read_interval_s=self._read_interval_s,
+            read_interval_s=_STREAM_READ_INTERVAL_S,
             on_generation_id=on_generation_id,
             on_accepted=on_accepted,
         )

@@ -1,9 +1,5 @@
-"""Pick the OpenRouter resource's configuration from the settings (``eagle_assets.settings``).
-
-``EAGLE_FORGE_TARGET`` selects where requests go: ``simulator`` (the default: the bundled simulator
-on 127.0.0.1, no key needed) or ``openrouter`` (the real API; needs a key). ``EAGLE_FORGE_STREAM=1``
-streams responses. Nothing here reads the key: secrets are resolved when a run starts, never at
-import.
+"""Pick the OpenRouter resource's configuration from the settings (``EAGLE_FORGE_TARGET``: the bundled
+simulator or the real API). Nothing here reads the key: secrets are resolved when a run starts, never at import.
 """
 
 from typing import Any

@@ -1,27 +1,11 @@
 """Turn whatever came back from a chat-completion request into one classified outcome.
 
-OpenRouter reports many failures with HTTP 200 (an ``error`` body, or ``finish_reason: "error"``)
-and pads bodies with whitespace, so the status code alone decides little; one status also covers
-several causes that call for opposite actions:
-
-- 403 is a moderation flag on this prompt (skip it), a guardrail blocking this prompt's content
-  (skip it), an exhausted key or workspace budget (stop the run, resumable, like exhausted
-  credits: the data is still wanted), or a key without permission (the whole run is misconfigured);
-- 400 is a malformed prompt (skip it) or an unknown model id (fatal: every prompt would fail);
-- 404 is a model that does not exist or routing that leaves no provider (both fatal).
-
-A ``retryable`` flag in the error (``error.retryable``, ``error.metadata.retryable`` or
-``error.availability.retryable``, wherever OpenRouter puts it) overrides the status: true makes a
-skip or stop a retry, false makes a retry fatal (retrying is futile, skipping would lose data
-silently; a stopped run is resumable). A 402 or 403 is read by ``error.metadata.limit_source`` and
-``reason`` before any wording: a key, workspace or guardrail budget, or the credits, stops the run;
-the in-flight budget is pacing. Classification is a pure function of the raw answer, which keeps
-every rule testable without a network (``tests/fixtures/openrouter`` holds the bodies).
-
-``cost_usd`` is None when the answer carries no ``usage.cost`` (a zero cost is a cost, not a gap),
-and ``partial_output`` marks an answer that ended in an error after producing text: OpenRouter
-documents only zero-completion answers as unbilled, so such an attempt is settled from
-``/generation`` by its id, never assumed free.
+OpenRouter reports many failures with HTTP 200 and pads bodies with whitespace, and one status covers causes
+that call for opposite actions (a 403 is a moderation flag, a guardrail, an exhausted budget or a missing
+permission), so the body decides; docs/errors-and-billing.md has the table. A pure function of the raw answer,
+so every rule is tested without a network (``tests/fixtures/openrouter`` holds the bodies). ``partial_output``
+marks an answer that ended in an error after producing text: OpenRouter documents only zero-completion answers
+as unbilled, so such an attempt is settled from ``/generation``, never assumed free.
 """
 
 import email.utils
@@ -44,14 +28,8 @@ class Action(enum.Enum):
 
 @dataclass(frozen=True)
 class RawResponse:
-    """What the transport saw: a status and body, or the exception class that ended the attempt.
-
-    ``body`` may be a torn prefix when ``transport_error`` is set (a dropped connection or a timeout
-    mid-body). A streamed answer arrives already assembled in ``parsed`` (the non-streaming shape).
-    ``generation_id`` is the ``gen-…`` id when the transport saw it (the ``X-Generation-Id`` header of
-    the response head, else a stream's first chunk); ``generation_id_of`` also finds it at the start
-    of a body.
-    """
+    """What the transport saw: a status and body (a torn prefix when ``transport_error`` is set), or the
+    exception class that ended the attempt. A streamed answer arrives assembled in ``parsed``."""
 
     status: int | None
     body: bytes | None
@@ -133,19 +111,13 @@ def _reset_at(value: Any, now: float) -> float | None:
     return max(0.0, reset)
 
 
-def _lower_keys(d: Any) -> dict[str, Any]:
-    return {str(k).lower(): v for k, v in d.items()} if isinstance(d, dict) else {}
-
-
 def _retry_after(
-    headers: dict[str, str], meta: dict[str, Any], now: float | None = None, availability: dict[str, Any] | None = None
+    headers: dict[str, str], meta: dict[str, Any], now: float | None, avail: dict[str, Any]
 ) -> float | None:
-    """The server's wait hint, wherever it put it: the ``Retry-After`` header (seconds or an HTTP date),
-    ``metadata.retry_after_seconds``, ``error.availability.retry_after``, the upstream headers copied into
-    ``metadata.headers``, and last ``X-RateLimit-Reset`` (epoch ms) from the response or the metadata."""
+    """The server's wait hint, wherever it put it (docs/errors-and-billing.md, "Retries")."""
     t = time.time() if now is None else now
-    meta_headers = _lower_keys(meta.get("headers"))
-    avail = availability or {}
+    given = meta.get("headers")
+    meta_headers = {str(k).lower(): v for k, v in given.items()} if isinstance(given, dict) else {}
     for value in (
         headers.get("retry-after"),
         meta.get("retry_after_seconds"),

@@ -1,21 +1,13 @@
-"""Provider policy: which of the model's endpoints may serve our data, how requests are routed to
-them, and what they can cost.
+"""Provider policy: which of the model's endpoints may serve our data, how requests are routed to them, and what
+they can cost.
 
-Kimi K2.5's native weights are INT4; providers that re-quantize to fp4/nvfp4 produce different
-outputs, and a draft model trained on them would learn the wrong distribution. The policy is sent
-to OpenRouter as routing preferences *and* checked against every response, because routing is a
-preference, not a guarantee.
-
-The per-response check has one blind spot: a response names only the provider's display name
-("DeepInfra"), never the endpoint. When one provider lists an allowed and a disallowed endpoint
-(``deepinfra/fp8`` and ``deepinfra/fp4``), the name cannot tell them apart. Routing therefore pins
-the allowed endpoints by their full tags (``provider.only``), and a provider whose allowed endpoint
-cannot be pinned unambiguously is excluded altogether; the endpoint table says which and why.
-
-Endpoints with a negative ``status`` (OpenRouter's "degraded/down" values) are neither allowed nor
-priced: they serve nothing now, and their prices would only distort worst-case reservations.
-Unknown or missing quantization is refused unless the provider is named in
-``trust_unknown_quantization``: nobody can say what weights such an endpoint runs.
+Kimi K2.5's native weights are INT4; a provider that re-quantizes to fp4 answers differently, and a draft trained
+on it learns the wrong distribution. The policy is sent as routing preferences *and* checked against every
+response, because routing is a preference, not a guarantee. A response names only the provider, never the
+endpoint, so the allowed endpoints are pinned by their full tags and a provider whose allowed endpoint cannot be
+pinned apart from a disallowed one is excluded (docs/generation-and-budget.md). Endpoints that are down are
+neither allowed nor priced (their prices would only distort worst cases), and an unknown quantization is refused
+unless ``trust_unknown_quantization`` names the provider: nobody can say what weights it runs.
 """
 
 import dataclasses
@@ -138,9 +130,8 @@ def parse_endpoints(payload: dict[str, Any]) -> list[Endpoint]:
 class ProviderTable:
     """The endpoints seen at start, split by the policy; the routing that pins the allowed ones; prices.
 
-    ``requested_parameters`` are the request fields ``require_parameters`` makes OpenRouter insist
-    on (``max_tokens``, ``temperature``, ``tools``...): an endpoint that lacks one would never be
-    routed to, so it is not counted as allowed either.
+    An endpoint lacking one of ``requested_parameters`` would never be routed to (``require_parameters``), so it
+    is not counted as allowed either.
     """
 
     endpoints: list[Endpoint]

@@ -1,12 +1,7 @@
-"""The OpenRouter resource: a client, as Dagster's resources are — configuration, the key, the provider
-policy and an HTTP client.
+"""The OpenRouter resource: configuration, the key, the provider policy and an HTTP client.
 
-It runs nothing. What runs a partition, builds the engine's settings and the ledger, snapshots the
-account or looks generations up is generation logic (``eagle_assets.generation.partition_runs``),
-which takes this resource as an argument: imports go from ``eagle_assets.generation`` to
-``resources.openrouter`` and never back (``tests/packaging/test_import_direction.py``). State that
-must be shared across step processes (dollars spent, in-flight reservations) lives in the ledger,
-never in this object.
+It runs nothing: ``eagle_assets.generation.partition_runs`` takes it as an argument (imports never go back), and
+state shared across step processes (dollars spent, reservations) lives in the ledger, never in this object.
 """
 
 import logging
@@ -44,11 +39,8 @@ def is_loopback(url: str) -> bool:
 
 
 class OpenRouterResource(ConfigurableResource):
-    """Talks to OpenRouter (or any OpenAI-compatible server) under a provider policy and a budget.
-
-    One place for everything a run is configured with, so that the launchpad shows it all; the budget's
-    fields are plain values here and become the engine's settings in ``partition_runs.generation_settings``.
-    """
+    """Everything a run is configured with, in one place so that the launchpad shows it all; the budget's fields
+    become the engine's settings in ``partition_runs.generation_settings``."""
 
     base_url: str = Field(
         default="https://openrouter.ai/api/v1", description="API root, e.g. a local simulator or SGLang"
@@ -241,10 +233,7 @@ class OpenRouterResource(ConfigurableResource):
         return table
 
     def preflight(self) -> None:
-        """Fail on what this resource alone can tell before anything is spent: a key that cannot be read.
-
-        The engine's settings are checked where they are built: ``partition_runs.preflight`` checks both.
-        """
+        """Fail before anything is spent on a key that cannot be read (``partition_runs.preflight`` checks more)."""
         self.api_key()
 
     def ensure_server(self) -> None:

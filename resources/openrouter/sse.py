@@ -1,18 +1,9 @@
 """Reassemble an OpenRouter SSE stream into the non-streaming body, so one classifier handles both.
 
-The transport (``stream_transport``) only gathers the bytes; parsing happens once, at the end, and
-costs no Python per text chunk: the text deltas are cut out by regular expressions as the escaped
-JSON strings they are and unescaped by one ``orjson.loads`` each for content and reasoning, and
-only the few chunks that carry structure (the first, tool calls, finish, usage, errors, the last)
-are decoded, in one ``loads``. Thousands of chunks per answer (a chunk per token) then cost about
-what one non-streaming body does. OpenRouter puts
-``"id":"gen-…"`` in every chunk, so the generation id is in the first bytes of any stream that got
-as far as its first chunk.
-
-Stream shapes handled (``tests/fixtures/openrouter/*.sse``): ``: OPENROUTER PROCESSING`` comments,
-reasoning and content deltas (leading spaces kept exactly), tool-call deltas by index, a finish
-chunk, a final usage chunk with ``choices: []``, ``data: [DONE]``, and an error chunk (top-level
-``error`` plus ``finish_reason: "error"``) mid-stream.
+Parsed once, at the end, with no Python per text chunk, so thousands of chunks per answer cost about what one
+non-streaming body does: the text deltas are cut out by regular expressions as the escaped JSON strings they are
+and unescaped by one ``orjson.loads``, and only the few chunks that carry structure are decoded. The shapes
+handled are the recordings in ``tests/fixtures/openrouter/*.sse``.
 """
 
 import re
@@ -122,9 +113,9 @@ def _merge_tool_call(tools: dict[int, dict[str, Any]], call: dict[str, Any]) -> 
         slot["function"]["arguments"] += fn["arguments"]
 
 
-def assemble_sse(text: bytes, generation_id: str | None = None) -> AssembledStream:
+def assemble_sse(text: bytes) -> AssembledStream:
     picked, done, any_data = _picked(text)
-    gen_id = generation_id or generation_id_from_prefix(text)
+    gen_id = generation_id_from_prefix(text)  # OpenRouter puts it in every chunk, the first included
     if not any_data:
         return AssembledStream(None, False, gen_id)
     chunks, torn = _decode(picked)
@@ -138,7 +129,7 @@ def assemble_sse(text: bytes, generation_id: str | None = None) -> AssembledStre
         if not isinstance(c, dict):
             continue
         if not head and c.get("id"):
-            head = {k: c.get(k) for k in ("id", "provider", "model", "created", "system_fingerprint")}
+            head = {k: c.get(k) for k in ("id", "provider", "model", "created")}
         if c.get("usage"):
             usage = c["usage"]
         if isinstance(c.get("error"), dict):

@@ -1,19 +1,12 @@
 """A lean HTTP/1.1 transport for streamed completions: bytes in, one wake-up per answer.
 
-Why not aiohttp here (it serves everything else): a stream arrives as one HTTP chunk per SSE event,
-and aiohttp's reader does Python work for every chunk (feed, split bookkeeping, flow control, a
-task wake-up per read). At OpenRouter's density (a chunk every token or two, thousands per Kimi
-answer) that is many times the CPU of the whole non-streaming request. Here the protocol only
-appends what each socket read delivers and notes whether it held a data event; the chunked framing
-is undone once, at the end, and the caller's coroutine wakes once, when the answer is complete.
-When data events come densely (less than half ``read_interval_s`` apart), reading pauses for
-``read_interval_s`` so the kernel gathers the next chunks into one read (the answer is only used whole; the
-added latency is at most one interval against answers that take tens of seconds).
-
-Timeouts: ``total_timeout_s`` for the whole request, and ``idle_timeout_s`` without a data event
-(silence and ``: OPENROUTER PROCESSING`` comments alike), checked by one timer per idle period, not
-per read. Connections are kept alive and reused, like aiohttp's pool. Nothing here logs or raises
-with the request's headers: the key is only in the bytes written to the socket.
+Why not aiohttp here: a stream is one HTTP chunk per SSE event (thousands per Kimi answer), and aiohttp does
+Python work and a task wake-up for every chunk, many times the CPU of a non-streaming request. Here each socket
+read is only appended, the chunked framing is undone once at the end, and the caller wakes once. When data events
+come densely, reading pauses for ``read_interval_s`` so the kernel gathers the next chunks into one read (the
+answer is used whole; an interval is nothing against answers of tens of seconds). ``idle_timeout_s`` counts
+silence and ``: OPENROUTER PROCESSING`` comments alike, with one timer per idle period, not per read. Nothing here
+logs or raises with the request's headers: the key is only in the bytes written to the socket.
 """
 
 import asyncio
@@ -119,9 +112,6 @@ class _Conn(asyncio.Protocol):
                 self._finish("connection")
         elif self.active:  # the caller was cancelled mid-answer: drop its timers too
             self._finish("connection")
-
-    def eof_received(self) -> bool:
-        return False
 
     def data_received(self, data: bytes) -> None:
         # Runs once per socket read: kept to a handful of operations (no copies of ``data``).
@@ -255,10 +245,7 @@ class _Conn(asyncio.Protocol):
         self._idle_handle.cancel()
         if self._resume_handle is not None:
             self._resume_handle.cancel()
-            self._resume_handle = None
-        if self.paused and self.transport is not None and not self.closed:
-            self.paused = False
-            self.transport.resume_reading()
+        self._resume()
         assert self._done is not None
         if not self._done.done():
             self._done.set_result(None)
@@ -280,14 +267,7 @@ class _Conn(asyncio.Protocol):
 class StreamPool:
     """Keep-alive connections to one origin, for ``POST`` requests whose answers stream."""
 
-    def __init__(
-        self,
-        base_url: str,
-        headers: dict[str, str],
-        *,
-        connect_timeout_s: float = 30.0,
-        max_idle: int = 2000,
-    ) -> None:
+    def __init__(self, base_url: str, headers: dict[str, str], *, connect_timeout_s: float, max_idle: int) -> None:
         url = urlparse(base_url)
         self.host = url.hostname or "127.0.0.1"
         self.tls = url.scheme == "https"
