@@ -1,11 +1,9 @@
 """Acceptance length τ and per-position acceptance, computed the way each anchor computes it.
 
-Every backend reduces to the same counts over *verifications* (target forwards that check a draft): SGLang's
-``spec_verify_ct`` summed over requests, vLLM's ``num_drafts`` delta, or this project's verification rounds;
+Every backend reduces to the same counts over *verifications* (target forwards that check a draft):
 ``accepted`` excludes the bonus token, and ``reached[j]`` counts the verifications that accepted draft position
-``j + 1`` (chains, topk 1: SGLang's histogram of accepted counts, or vLLM's ``accepted_tokens_per_pos``). The two
-published definitions of τ (``"output_per_verification"``, SpecForge on SGLang; ``"accepted_per_draft"``, vLLM and
-the in-process loop) and the per-position rate: docs/draft-and-benchmark.md, "What is measured".
+``j + 1``. The two published definitions of τ and where each count comes from: docs/draft-and-benchmark.md,
+"What is measured".
 """
 
 from __future__ import annotations
@@ -112,9 +110,8 @@ class AcceptanceTally:
 def reached_from_histogram(histogram: Sequence[int], num_steps: int) -> list[int]:
     """``reached[j]`` from a histogram whose entry ``k`` counts verifications that accepted exactly ``k`` drafts.
 
-    SGLang grows the histogram on demand (its length is the largest count seen plus one), so a short
-    one is padded; a longer one than ``num_steps + 1`` means the server drafts more than configured.
-    """
+    SGLang grows it on demand, so a short one is padded; a longer one than ``num_steps + 1`` means the
+    server drafts more than configured."""
     if len(histogram) > num_steps + 1 and any(histogram[num_steps + 1 :]):
         raise AcceptanceError(f"histogram {list(histogram)} accepts more than {num_steps} drafts per verification")
     counts = [*histogram[: num_steps + 1], *([0] * (num_steps + 1 - len(histogram)))]

@@ -1,13 +1,8 @@
 """HTTP clients for the two engines' real APIs: what the benchmark sends and what it reads back.
 
-SGLang: ``POST /generate`` with ``input_ids`` and ``sampling_params`` (``skip_special_tokens: false`` so that
-``</think>`` stays in the text), acceptance counts in the answer's ``meta_info``, ``GET /get_server_info`` for the
-check before a run, ``POST /flush_cache`` between sets. vLLM: ``POST /v1/completions`` with a token-id ``prompt``,
-acceptance from ``GET /metrics`` (``vllm_metrics.py``), ``GET /version``. Why token ids and which sources these
-follow: docs/draft-and-benchmark.md.
-
-A connection that is refused or torn raises :class:`ServerDiedError` (the caller knows whether it started
-the server and can say why it died); an error status raises :class:`EngineResponseError` with the body.
+Both are sent token ids with ``skip_special_tokens: false`` (so ``</think>`` stays in the text); why, and which
+sources these follow: docs/draft-and-benchmark.md. A refused or torn connection raises
+:class:`ServerDiedError` (the caller knows whether it started the server and can say why it died).
 """
 
 from __future__ import annotations

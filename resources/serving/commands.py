@@ -1,11 +1,8 @@
 """The command lines that start SGLang and vLLM with (or, for the baseline pass, without) the EAGLE-3 draft.
 
-Pure functions, so the exact argv is tested and printed in the runbook (docs/draft-and-benchmark.md). Flag names
-follow the engines' CLIs (SGLang ``ServerArgs.add_cli_args``, ``vllm serve``), launched the way SpecForge's
-``benchmarks/bench_eagle3.py`` launches SGLang (batch size = CUDA-graph batch = running requests). Settings mean
-what SGLang means by them: ``num_steps`` drafting steps, ``eagle_topk`` branches per step, ``num_draft_tokens``
-tokens the target verifies per step (root included: ``num_steps + 1`` for a chain); vLLM drafts chains of
-``num_speculative_tokens = num_steps``.
+Pure functions, so the exact argv is tested. Flags follow the engines' CLIs, launched as SpecForge's
+``benchmarks/bench_eagle3.py`` launches SGLang (batch size = CUDA-graph batch = running requests); what the
+settings mean and the runbook: docs/draft-and-benchmark.md.
 """
 
 from __future__ import annotations
@@ -62,25 +59,16 @@ class LaunchSettings:
         return f"http://{self.host}:{self.port}"
 
 
-def default_launcher(engine: Engine) -> tuple[str, ...]:
-    return (sys.executable, "-m", "sglang.launch_server") if engine == "sglang" else ("vllm", "serve")
+def _launch(s: LaunchSettings, engine: Engine, model_and_tp: list[str]) -> list[str]:
+    """What both engines' command lines start with: the entry point, model, tensor parallelism, address."""
+    entry = (sys.executable, "-m", "sglang.launch_server") if engine == "sglang" else ("vllm", "serve")
+    cmd = [*(s.launcher or entry), *model_and_tp, "--host", s.host, "--port", str(s.port)]
+    return [*cmd, "--trust-remote-code"] if s.trust_remote_code else cmd
 
 
 def sglang_command(s: LaunchSettings, draft: str | None, spec: SpeculativeSettings | None) -> list[str]:
     """``draft=None``: the baseline server, without speculation."""
-    cmd = [
-        *(s.launcher or default_launcher("sglang")),
-        "--model-path",
-        s.model_path,
-        "--tp-size",
-        str(s.tp_size),
-        "--host",
-        s.host,
-        "--port",
-        str(s.port),
-    ]
-    if s.trust_remote_code:
-        cmd.append("--trust-remote-code")
+    cmd = _launch(s, "sglang", ["--model-path", s.model_path, "--tp-size", str(s.tp_size)])
     cmd += ["--cuda-graph-max-bs", str(s.batch_size), "--max-running-requests", str(s.batch_size)]
     if draft is not None:
         if spec is None:
@@ -101,29 +89,17 @@ def sglang_command(s: LaunchSettings, draft: str | None, spec: SpeculativeSettin
     return [*cmd, *s.extra_args]
 
 
-def vllm_speculative_config(draft: str, spec: SpeculativeSettings) -> str:
-    spec.validate("vllm")
-    return json.dumps({"method": "eagle3", "model": draft, "num_speculative_tokens": spec.num_steps})
-
-
 def vllm_command(s: LaunchSettings, draft: str | None, spec: SpeculativeSettings | None) -> list[str]:
-    cmd = [
-        *(s.launcher or default_launcher("vllm")),
-        s.model_path,
-        "--tensor-parallel-size",
-        str(s.tp_size),
-        "--host",
-        s.host,
-        "--port",
-        str(s.port),
-    ]
-    if s.trust_remote_code:
-        cmd.append("--trust-remote-code")
+    cmd = _launch(s, "vllm", [s.model_path, "--tensor-parallel-size", str(s.tp_size)])
     cmd += ["--max-num-seqs", str(s.batch_size)]
     if draft is not None:
         if spec is None:
             raise SettingsError("a draft needs speculative settings")
-        cmd += ["--speculative-config", vllm_speculative_config(draft, spec)]
+        spec.validate("vllm")
+        cmd += [
+            "--speculative-config",
+            json.dumps({"method": "eagle3", "model": draft, "num_speculative_tokens": spec.num_steps}),
+        ]
     return [*cmd, *s.extra_args]
 
 

@@ -1,11 +1,8 @@
 """Start a serving engine, wait until it is healthy, stop it: each step fails loudly with the server's own words.
 
-A 1T-parameter target takes many minutes to load, and most failures (a draft folder the engine refuses,
-too little GPU memory, a port in use) show only in the server's log. So the server writes to a log file
-of its own, and every failure here quotes that log's last lines: the exit code when it dies while
-loading, the timeout when it never answers ``/health`` with 200, and the death when it stops answering
-mid-run. The server runs in a session of its own so that stopping it stops its workers too (SGLang and
-vLLM fork one process per GPU); it gets SIGTERM, then SIGKILL after a grace period.
+Most failures (a draft folder the engine refuses, too little GPU memory, a port in use) show only in the
+server's log, so every failure here quotes that log's last lines. The server runs in a session of its own so
+that stopping it stops the workers it forks (one per GPU) too.
 """
 
 from __future__ import annotations
@@ -96,9 +93,8 @@ class ServerProcess:
     def start(
         self, timeout_s: float, poll_s: float = 1.0, log: Callable[[str], None] | None = None, every_s: float = 60.0
     ) -> ServerProcess:
-        """Spawn the server and return once ``/health`` answers 200; otherwise stop it and raise with its log.
-
-        While it loads, ``log`` hears every ``every_s`` how long it has waited and the log's last line."""
+        """Spawn the server and return once ``/health`` answers 200 (``log`` hears every ``every_s`` how it loads);
+        otherwise stop it and raise with its log."""
         if port_in_use(self.base_url):
             raise ServerStartError(
                 f"{self.name}: something already listens at {self.base_url}; stop it, pick another port, "

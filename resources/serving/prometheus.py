@@ -1,9 +1,7 @@
 """A reader for the Prometheus text exposition format (version 0.0.4), the body of a server's ``/metrics``.
 
-vLLM publishes its speculative-decoding counters only there, so the acceptance length of a vLLM run is
-read from this text. Only what a scrape needs is parsed: ``# HELP``/``# TYPE`` lines are skipped, each
-sample is ``name{label="value",...} value [timestamp]`` with the format's escapes in label values
-(``\\\\``, ``\\"``, ``\\n``). A line that is none of these is an error that quotes it: a silently skipped
+vLLM publishes its speculative-decoding counters only there. Comments are skipped, each sample is
+``name{label="value",...} value [timestamp]``; any other line is an error that quotes it: a silently skipped
 line could be the counter the benchmark needs.
 """
 

@@ -1,8 +1,6 @@
 """Which engine benchmarks the draft, and how to reach it: the ``serving`` resource of ``draft_benchmark``.
 
-``inprocess`` (the default) keeps the project's own speculative loop on the target resource's model: right for
-the tiny target, impossible for a 1T-parameter one; ``sglang`` and ``vllm`` start an engine per pass or attach to
-running servers. The backends and the ``EAGLE_FORGE_SERVING*`` variables that set them for the sensor's runs:
+The backends and the ``EAGLE_FORGE_SERVING*`` variables that set them for the sensor's runs:
 docs/draft-and-benchmark.md, "The benchmark's two backends".
 """
 
@@ -96,10 +94,8 @@ class ServingConfigError(ConfigError, ValueError):
 
 
 def serving_from_env() -> ServingEngineResource:
-    """The serving resource the definitions (so the training sensor's runs) use, from the settings.
-
-    Refuses to start an engine without ``EAGLE_FORGE_SERVING_MODEL_PATH``: the definitions' target is the
-    tiny one, and an engine started on its folder with 8-way tensor parallelism measures nothing meant."""
+    """The serving resource the definitions (so the training sensor's runs) use, from the settings. Refuses to start
+    an engine without a model path: one started on the tiny target's folder would measure nothing meant."""
     s = current_settings()
     if s.serving != "inprocess" and not s.serving_url and not s.serving_model_path:
         raise ServingConfigError(

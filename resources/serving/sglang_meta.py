@@ -1,10 +1,8 @@
 """Acceptance counts from one SGLang ``/generate`` answer's ``meta_info``.
 
 Field names, the commit they follow and their older aliases: docs/draft-and-benchmark.md, "Engine versions
-followed". ``spec_verify_ct`` is omitted when a request finished without a verification (one token from prefill
-alone). Neither τ nor the per-position rates use ``spec_num_proposed_drafts``, and a newer release may count
+followed". Neither τ nor the per-position rates use ``spec_num_proposed_drafts``, and a newer release may count
 proposals otherwise, so a different count is a recorded warning (:func:`meta_info_warnings`), not a failure.
-Releases before the histogram (v0.4) still give SpecForge's τ; the per-position rates are then absent.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """vLLM's speculative-decoding counters, scraped from ``/metrics`` before and after a run.
 
-vLLM reports acceptance per server, not per request, as Prometheus counters (``SpecDecodingProm``; the names,
-labels and commit followed: docs/draft-and-benchmark.md, "Engine versions followed"), exposed with the ``_total``
-suffix ``prometheus_client`` writes. vLLM's own log line computes the mean acceptance length as
-``1 + accepted / drafts`` and the per-position rate as ``per_pos / drafts``; so does
-:mod:`resources.serving.acceptance`. Series of every ``engine`` (data-parallel ranks) are summed. The counters are
-global: a delta is this benchmark's only if nothing else used the server between the two scrapes.
+vLLM reports acceptance per server, not per request, as Prometheus counters (names, labels and commit followed:
+docs/draft-and-benchmark.md, "Engine versions followed"). Series of every ``engine`` (data-parallel ranks) are
+summed. The counters are global: a delta is this benchmark's only if nothing else used the server between the
+two scrapes.
 """
 
 from __future__ import annotations
