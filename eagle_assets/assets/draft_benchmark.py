@@ -1,11 +1,7 @@
 """What ``draft_benchmark`` runs: the in-process loop on the tiny target, or a serving engine on the real one.
 
-The asset itself (in ``eagle_assets/assets/draft.py``) only picks the backend from the ``serving``
-resource. In process, the draft and an untrained copy run the project's greedy speculative loop
-against the target resource's model on held-out corpus prompts. Through SGLang or vLLM, the exported
-draft is served with the benchmark's steps/topk/draft tokens and measured on MT-Bench, GSM8K, HumanEval
-and the held-out prompts, with a baseline pass for throughput; the figures are those the anchors
-publish, shown beside them. A failed serving run fails the step and still shows what it measured.
+The asset (``eagle_assets/assets/draft.py``) picks the backend from the ``serving`` resource; what each measures:
+docs/draft-and-benchmark.md. A failed serving run fails the step and still shows what it measured.
 """
 
 from __future__ import annotations
@@ -20,7 +16,7 @@ from pydantic import Field
 
 from eagle_assets.assets.failures import fail
 from eagle_assets.benchmarks.prompt_sets import PROMPT_SETS, PromptSetError
-from eagle_assets.benchmarks.reference import REFERENCES, Comparability, comparable
+from eagle_assets.benchmarks.reference import REFERENCES, comparable
 from eagle_assets.benchmarks.results import SetResult, reference_table, results_table
 from eagle_assets.benchmarks.serving_benchmark import EnginePlan
 from eagle_assets.layout import benchmark_runs_dir, corpus_split_dir
@@ -83,17 +79,23 @@ def held_out_prompts(n: int) -> list[list[int]]:
     return [ids[:k] for ids, k in zip(frame["input_ids"].to_list(), frame["prompt_len"].to_list(), strict=True)]
 
 
-def _fail(message: str, **metadata: Any) -> dg.Failure:
-    return fail(message, metadata)
+def _positions(num_steps: int) -> list[str]:
+    return [f"pos {i + 1}" for i in range(num_steps)]
+
+
+def _position_plot(rates: dict[str, list[float]], num_steps: int) -> dg.MetadataValue:
+    from eagle_assets.plots import grouped_bars_md
+
+    title = "share of verifications accepting each draft position"
+    return dg.MetadataValue.md(grouped_bars_md(rates, _positions(num_steps), title, "accepted"))
 
 
 def _rate_table(rows: dict[str, AcceptanceTally], num_steps: int) -> str:
-    labels = [f"pos {i + 1}" for i in range(num_steps)]
     lines = []
     for name, t in rows.items():
         rates = t.position_rates or [0.0] * num_steps
         lines.append([name, f"{t.tau or 0:.3f}", *(f"{r:.3f}" for r in rates)])
-    return table(["draft", "τ (tokens per verification)", *labels], lines)
+    return table(["draft", "τ (tokens per verification)", *_positions(num_steps)], lines)
 
 
 def run_inprocess(
@@ -104,18 +106,17 @@ def run_inprocess(
     from eagle_assets.draft.export import load_draft
     from eagle_assets.draft.model import Eagle3Draft
     from eagle_assets.draft.speculative import evaluate_acceptance
-    from eagle_assets.plots import grouped_bars_md
     from eagle_assets.target.loader import load_target
 
     spec = config.speculative()
     try:
         spec.validate("inprocess")
     except SettingsError as exc:
-        raise _fail(f"in-process benchmark: {exc}") from exc
+        raise fail(f"in-process benchmark: {exc}") from exc
     if config.batch_size != 1 or config.temperature != 0.0:
-        raise _fail("the in-process loop decodes one greedy sequence at a time: batch_size 1, temperature 0")
+        raise fail("the in-process loop decodes one greedy sequence at a time: batch_size 1, temperature 0")
     if set(config.sets) - {"heldout"}:
-        raise _fail(
+        raise fail(
             f"the in-process backend runs the held-out prompts only, not {sorted(set(config.sets) - {'heldout'})}: "
             "MT-Bench, GSM8K and HumanEval run through a serving backend (the serving resource)"
         )
@@ -137,7 +138,6 @@ def run_inprocess(
         new_tokens = new_tokens or stats.new_tokens
         rates = [round(r, 3) for r in tallies[name].position_rates or []]
         context.log.info(f"{name}: acceptance length τ {tallies[name].tau:.3f}, per position {rates}")
-    labels = [f"pos {i + 1}" for i in range(k)]
     return dg.MaterializeResult(
         metadata={
             "backend": dg.MetadataValue.text("inprocess"),
@@ -147,14 +147,7 @@ def run_inprocess(
                 [round(r, 4) for r in tallies["trained"].position_rates or []]
             ),
             "acceptance": dg.MetadataValue.md(_rate_table(tallies, k)),
-            "acceptance_plot": dg.MetadataValue.md(
-                grouped_bars_md(
-                    {n: t.position_rates or [] for n, t in tallies.items()},
-                    labels,
-                    "share of verifications accepting each draft position",
-                    "accepted",
-                )
-            ),
+            "acceptance_plot": _position_plot({n: t.position_rates or [] for n, t in tallies.items()}, k),
             "prompts": dg.MetadataValue.int(len(prompts)),
             "new_tokens": dg.MetadataValue.int(new_tokens),
             "settings": dg.MetadataValue.json(
@@ -199,31 +192,14 @@ def load_prompt_sets(config: BenchmarkConfig, names: list[str], log: Any) -> tup
     return plans, sources
 
 
-def _comparability(
-    results: list[SetResult], config: BenchmarkConfig, engine: str, max_new: dict[str, int]
-) -> Comparability:
-    facts = [r.facts(max_new[r.name]) for r in results]
-    return comparable(engine, config.speculative(), config.temperature, config.thinking, facts)
-
-
-def _throughput_plot(results: list[SetResult], title: str) -> str:
-    from eagle_assets.plots import throughput_md
-
-    return throughput_md(
-        {r.label: r.draft.tokens_per_s for r in results},
-        {r.label: None if r.baseline is None else r.baseline.tokens_per_s for r in results},
-        {r.label: r.speedup for r in results},
-        title,
-    )
-
-
 def _results_metadata(
     results: list[SetResult], config: BenchmarkConfig, engine: str, max_new: dict[str, int]
 ) -> dict[str, Any]:
-    from eagle_assets.plots import grouped_bars_md, tau_comparison_md
+    from eagle_assets.plots import tau_comparison_md, throughput_md
 
     spec = config.speculative()
-    verdict = _comparability(results, config, engine, max_new)
+    facts = [r.facts(max_new[r.name]) for r in results]
+    verdict = comparable(engine, spec, config.temperature, config.thinking, facts)
     run_title = f"{engine} {spec.num_steps}/{spec.eagle_topk}/{spec.num_draft_tokens}, batch {config.batch_size}"
     md: dict[str, Any] = {
         "acceptance": dg.MetadataValue.md(results_table(results, spec.num_steps)),
@@ -254,17 +230,17 @@ def _results_metadata(
             f"τ, {run_title}; {verdict.short()}",
         )
     )
-    md["throughput_plot"] = dg.MetadataValue.md(_throughput_plot(results, f"output tokens/s, {run_title}"))
+    md["throughput_plot"] = dg.MetadataValue.md(
+        throughput_md(
+            {r.label: r.draft.tokens_per_s for r in results},
+            {r.label: None if r.baseline is None else r.baseline.tokens_per_s for r in results},
+            {r.label: r.speedup for r in results},
+            f"output tokens/s, {run_title}",
+        )
+    )
     with_rates = {r.label: r.position_rates for r in results if r.position_rates}
     if with_rates:
-        md["per_position_plot"] = dg.MetadataValue.md(
-            grouped_bars_md(
-                with_rates,
-                [f"pos {i + 1}" for i in range(spec.num_steps)],
-                "share of verifications accepting each draft position",
-                "accepted",
-            )
-        )
+        md["per_position_plot"] = _position_plot(with_rates, spec.num_steps)
     return md
 
 
@@ -295,14 +271,14 @@ def run_serving(
     names = list(config.sets or SERVING_SETS)
     unknown = [n for n in names if n not in PROMPT_SETS]
     if unknown:
-        raise _fail(f"unknown prompt sets {unknown}; known: {', '.join(PROMPT_SETS)}")
+        raise fail(f"unknown prompt sets {unknown}; known: {', '.join(PROMPT_SETS)}")
     spec = config.speculative()
     try:
         spec.validate(serving.backend)
         plan = plan_serving(serving, spec, target, export, config.batch_size)
         sets, sources = load_prompt_sets(config, names, context.log.info)
     except (SettingsError, PromptSetError, ValueError, OSError) as exc:
-        raise _fail(f"{serving.backend} benchmark not started: {exc}") from exc
+        raise fail(f"{serving.backend} benchmark not started: {exc}") from exc
     stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{context.run.run_id[:8]}"
     run_dir = benchmark_runs_dir() / stamp
     settings_md = {
@@ -330,14 +306,18 @@ def run_serving(
         )
     except ServingBenchmarkFailed as exc:
         partial = results_table(exc.partial, spec.num_steps) if exc.partial else "(nothing answered)"
-        raise _fail(
+        raise fail(
             str(exc),
-            partial_results=dg.MetadataValue.md(partial),
-            journal=dg.MetadataValue.path(str(exc.journal)),
-            settings=dg.MetadataValue.json(settings_md),
+            {
+                "partial_results": dg.MetadataValue.md(partial),
+                "journal": dg.MetadataValue.path(str(exc.journal)),
+                "settings": dg.MetadataValue.json(settings_md),
+            },
         ) from exc
     except ServingError as exc:
-        raise _fail(f"{serving.backend} benchmark failed: {exc}", settings=dg.MetadataValue.json(settings_md)) from exc
+        raise fail(
+            f"{serving.backend} benchmark failed: {exc}", {"settings": dg.MetadataValue.json(settings_md)}
+        ) from exc
     settings_md["engine_version"] = run.engine_version
     settings_md["servers"] = run.servers
     return dg.MaterializeResult(

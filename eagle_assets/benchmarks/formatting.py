@@ -1,12 +1,8 @@
 """Benchmark conversations as the token ids the serving stack builds from them, turn after turn.
 
-The engines are sent token ids, not text: the prompt is rendered with the Kimi K2.5 chat template and
-the generation prompt exactly as this project's tokenization renders it for training (the same renderer
-the tokenized data and the simulator use), with the target's thinking setting: ``thinking=True`` (the
-K2.5 default as served) opens ``<think>``, ``False`` writes the empty ``<think></think>``. The second
-MT-Bench turn carries the target's own first answer as history: its text is split at ``</think>`` into
-``reasoning_content`` and ``content``, which is how the template expects an assistant turn (it drops
-history reasoning itself).
+The engines are sent token ids rendered exactly as this project renders its training data (Kimi K2.5 chat
+template, generation prompt, the target's thinking setting). A later turn carries the target's own earlier
+answers as history, split at ``</think>`` into ``reasoning_content`` and ``content`` as the template expects.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """Rows of a benchmark prompt set from the Hugging Face Hub, through the project's one dataset loader.
 
-The prompt sets are read with :mod:`eagle_assets.datasets.sources` (the loader the generation assets
-use): ``huggingface_hub`` fetches the pinned revision into its usual cache, so a second run downloads
-nothing and ``HF_HUB_OFFLINE=1`` works; the commit the revision resolved to is returned with the rows
-and recorded in the benchmark's metadata. A row the files cannot decode fails the set, naming where it is.
+The loader the generation assets use (:mod:`eagle_assets.datasets.sources`) fetches the pinned revision into
+the Hub cache (a second run downloads nothing, ``HF_HUB_OFFLINE=1`` works) and names the commit it resolved to,
+which the benchmark records.
 """
 
 from __future__ import annotations

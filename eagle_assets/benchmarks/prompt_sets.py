@@ -1,12 +1,8 @@
 """The benchmark prompt sets the published Kimi drafts are measured on, as conversations to send.
 
-Rows come from the Hub (pinned revisions below, listed in docs/draft-and-benchmark.md) in the sets' published
-column layouts, and are turned into conversations the way SpecForge's ``benchmarks/benchmarker`` turns them into
-requests: MT-Bench both turns after SpecForge's system prompt, the second after the target's own answer
-(``HuggingFaceH4/mt_bench_prompts`` or FastChat's ``question.jsonl`` layout); GSM8K SpecForge's 5-shot prompt
-whose questions start after its examples; HumanEval the function stub; held-out the corpus's eval split, already
-token ids. Where SpecForge sends raw text, these go through the target's chat template with its thinking
-setting (``formatting.py``): the benchmark measures the draft on prompts as they are served.
+Rows come from the Hub at pinned revisions in the sets' published column layouts and become conversations the
+way SpecForge's ``benchmarks/benchmarker`` turns them into requests (docs/draft-and-benchmark.md); where SpecForge
+sends raw text, these go through the target's chat template (``formatting.py``), as they are served.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """Published acceptance lengths of Kimi EAGLE-3 drafts, shown beside this platform's figures as reference.
 
-All three were reported with SGLang at 3 steps, topk 1, 4 draft tokens, τ as SpecForge computes it; what else
-they published and when ours is comparable: docs/draft-and-benchmark.md. :func:`comparable` says whether a run was
-measured the same way and, when not, why, so a figure from a 2-question smoke run can never be read against a
-published one.
+All three were reported with SGLang at 3 steps, topk 1, 4 draft tokens (docs/draft-and-benchmark.md).
+:func:`comparable` says whether a run was measured the same way and, when not, why, so a figure from a
+2-question smoke run can never be read against a published one.
 """
 
 from __future__ import annotations

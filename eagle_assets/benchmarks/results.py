@@ -1,8 +1,7 @@
 """Per-benchmark results of a serving run, and the tables that show them beside the published figures.
 
-A set's row joins the speculative pass (τ, per-position acceptance, output tokens/s) and the baseline
-pass of the same prompts without the draft (output tokens/s); speedup is their ratio. A set whose pass
-was cut short is kept, marked incomplete, so a failure still shows what was measured.
+A set's row joins the speculative pass and the baseline pass of the same prompts (speedup: their tokens/s
+ratio). A set whose pass was cut short is kept, marked incomplete, so a failure still shows what was measured.
 """
 
 from __future__ import annotations

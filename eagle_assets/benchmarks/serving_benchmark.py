@@ -1,11 +1,8 @@
 """The draft benchmark through a serving engine: a speculative pass, then a baseline pass, over every prompt set.
 
-Each pass gets its own server, started here (and stopped when the pass ends, also on failure) or attached at a
-URL, and checked before the pass against what the benchmark means to measure (docs/draft-and-benchmark.md), so a
-result is never silently the wrong server's. Between sets SGLang's radix cache is flushed (as SpecForge does) and
-vLLM's counters are read around each set. A server that dies, or answers wrongly, mid-run ends the benchmark with
-:class:`ServingBenchmarkFailed`: which pass and set, how many requests were answered, why the server stopped (exit
-code and log tail for a server started here), and the partial results.
+Each pass gets its own server, started here or attached at a URL, and checked before the pass against what the
+benchmark means to measure, so a result is never silently the wrong server's. A server that dies, or answers
+wrongly, mid-run ends the benchmark with :class:`ServingBenchmarkFailed`: where, why, and the partial results.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """One pass of a prompt set through a serving engine: ``batch_size`` conversations in flight, turns in order.
 
-As SpecForge's ``run_batch(num_threads=batch_size)`` does, a conversation holds its slot through all of its turns
-(MT-Bench's second turn is sent once the first has returned, with that answer as history). Each finished request is
-appended to a JSONL journal at once, so a server that dies mid-run loses nothing already answered: the failure
-names how many requests finished and where, and the partial results are summarised from the journal. The pass's
-wall time gives output tokens/s; acceptance is summed from the answers (SGLang) or read from the server's counters
-around the pass (vLLM, by the caller).
+As SpecForge's ``run_batch(num_threads=batch_size)`` does, a conversation holds its slot through all of its turns.
+Each finished request is appended to a JSONL journal at once, so a server that dies mid-run loses nothing already
+answered.
 """
 
 from __future__ import annotations
