@@ -1,8 +1,7 @@
 """DuckDB as a Dagster resource: the limits every validation query runs under.
 
-Each check opens its own connection (in memory by default) so that checks of different partitions,
-running in different step processes, never contend for one database file's writer lock; what the
-resource fixes is how much memory and how many threads one of them may take, and where it spills.
+Each check opens its own connection (in memory by default) so that checks of different partitions, in
+different step processes, never contend for one database file's writer lock.
 """
 
 from pathlib import Path

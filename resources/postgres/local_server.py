@@ -1,11 +1,9 @@
 """A throwaway PostgreSQL from the ``pgserver`` wheel: for tests, benchmarks and trying the multi-host layout
 on one box. Production points ``EAGLE_FORGE_DATABASE_URL`` at a real server instead.
 
-PostgreSQL refuses to run as root. pgserver copes by creating a system user ``pgserver`` (``useradd``),
-handing it the data folder, opening the folders above it and its own binaries to others for reading and
-traversal, and running ``initdb``/``pg_ctl`` as that user; as a normal user it simply runs as that user.
-The server listens on a Unix socket in the data folder only (no TCP port: nothing to collide with), which
-libpq, psycopg and SQLAlchemy reach with ``?host=<folder>``.
+As root, pgserver runs PostgreSQL (which refuses root) as a system user ``pgserver`` it creates, opening the
+data folder's parents to it. The server listens on a Unix socket in the data folder only (no TCP port: nothing
+to collide with), which libpq, psycopg and SQLAlchemy reach with ``?host=<folder>``.
 """
 
 import re

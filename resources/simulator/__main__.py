@@ -1,8 +1,7 @@
 """``python -m resources.simulator``: run the OpenRouter simulator as a process of its own.
 
-A separate process is what the benchmark and the Dagster steps need: its CPU is not the client's
-and its credit balance outlives any one step. Readiness is one ``SIMULATOR_URL=...`` line on
-stdout, so a parent can wait for it without polling.
+Its CPU is not the client's and its credit balance outlives any one step. Readiness is one
+``SIMULATOR_URL=...`` line on stdout, so a parent can wait for it without polling.
 """
 
 import argparse

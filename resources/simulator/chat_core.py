@@ -1,8 +1,8 @@
 """What every answer of ``POST /chat/completions`` shares: the prepared response, usage, latency, billing
-rules, the fault answers that come before or instead of a completion, and the drop of a connection (who builds
-on it: ``server``'s map). It has to stay cheap per request (2000 in flight on two cores must measure the client,
-not the simulator): responses are prepared once per prompt and cached, JSON goes through orjson and nothing is
-logged per request.
+rules, the fault answers that come before or instead of a completion, and the drop of a connection.
+
+It has to stay cheap per request (2000 in flight on two cores must measure the client, not the simulator):
+responses are prepared once per prompt and cached, and nothing is logged per request.
 """
 
 import asyncio
@@ -39,11 +39,8 @@ _SPACE_DRAW = 1 << 32
 
 @dataclass(slots=True)
 class Attempt:
-    """One answer under way, once its generation id exists: what each record of it for /generation shares.
-
-    It is recorded at most once (``recorded``): an answer settled before its client went away must not
-    be billed again by the disconnect that follows.
-    """
+    """One answer under way, once its generation id exists; recorded at most once (``recorded``), so an answer
+    settled before its client went away is not billed again by the disconnect that follows."""
 
     gen_id: str
     req: ChatRequest
@@ -229,9 +226,7 @@ class ChatCore:
         generation_s: float | None = None,
     ) -> float:
         """Make the attempt known to /generation, billed or not; the cost charged (0 if nothing).
-
-        ``generation_s`` None: the time since the request arrived (an attempt cut short).
-        """
+        ``generation_s`` None: the time since the request arrived (an attempt cut short)."""
         attempt.recorded = True
         started = attempt.started
         return self.state.record_generation(

@@ -74,10 +74,8 @@ class PlainAnswer(ChatCore):
         return resp
 
     def _plain_abandoned(self, attempt: Attempt, *, head_sent: bool) -> None:
-        """The client gave up: OpenRouter still bills a non-streaming request in full, because the upstream
-        generation ran to the end regardless. Once the head named the generation, /generation knows it even
-        when nothing is billed (a fault without output, at 0): a client that noted the id must be able to
-        settle it."""
+        """The client gave up: billed in full (module docstring). Once the head named the generation,
+        /generation knows it even unbilled: a client that noted the id must be able to settle it."""
         if self.state.stopping or not (attempt.billable or head_sent):
             return
         billed = attempt.billable

@@ -210,10 +210,8 @@ class StreamAnswer(ChatCore):
         await resp.write_eof()
 
     def _stream_abandoned(self, attempt: Attempt, progress: _Progress) -> None:
-        """A stream its client left is billed for what was generated so far. Its id went out with the head,
-        so /generation knows it whether or not it was billed (an unbillable fault at 0), as OpenRouter's
-        does: a client that noted the id must be able to settle it. An attempt already recorded is not
-        recorded again."""
+        """A stream its client left is billed for what was generated so far. Its id went out with the head, so
+        /generation knows it even unbilled: a client that noted the id must be able to settle it."""
         if attempt.recorded or self.state.stopping:
             return
         prepared = attempt.prepared

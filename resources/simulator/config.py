@@ -1,7 +1,7 @@
 """Configuration of the simulator: the account, the provider table, latency and faults.
 
-Everything that shapes what the simulator answers lives here as frozen dataclasses, so a test can
-state its scenario in one expression and a running server can be re-pointed (faults) atomically.
+Frozen dataclasses, so a test states its scenario in one expression and a running server is re-pointed
+(faults) atomically.
 """
 
 import dataclasses
@@ -22,9 +22,7 @@ from resources.simulator.flags import Alias, flag, flags_of, group
 MODEL_SLUG = "moonshotai/kimi-k2.5"
 MODEL_PERMASLUG = "moonshotai/kimi-k2.5-0127"
 MODEL_NAME = "MoonshotAI: Kimi K2.5"
-# Where ``python -m resources.simulator`` listens unless told otherwise: where the Dagster resource looks for the
-# embedded simulator unless EAGLE_FORGE_SIM_PORT says otherwise.
-DEFAULT_PORT = DEFAULT_SIM_PORT
+DEFAULT_PORT = DEFAULT_SIM_PORT  # where a process listens unless told: where the Dagster resource looks
 
 
 def per_token_string(usd_per_million: float) -> str:
@@ -34,12 +32,8 @@ def per_token_string(usd_per_million: float) -> str:
 
 @dataclass(frozen=True)
 class ProviderEndpoint:
-    """One endpoint of the model as ``/endpoints`` lists it; prices in USD per million tokens.
-
-    A provider may list several endpoints under one display name (``deepinfra/fp8`` and
-    ``deepinfra/fp4``, ``fireworks`` and ``fireworks/fast``): responses name only ``name``, routing
-    can tell them apart by ``tag``.
-    """
+    """One endpoint of the model as ``/endpoints`` lists it; prices in USD per million tokens. A provider
+    may list several under one display name: responses name only ``name``, routing tells them apart by ``tag``."""
 
     name: str  # display name, what responses put in ``provider``
     slug: str  # lower-case provider slug, what ``ignore``/``only`` name
@@ -68,13 +62,11 @@ class ProviderEndpoint:
         return SUPPORTED_PARAMETERS if self.supported_parameters is None else self.supported_parameters
 
     @property
-    def prompt_price(self) -> float:
-        """USD per prompt token."""
+    def prompt_price(self) -> float:  # USD per token
         return self.prompt_usd_per_m / 1e6
 
     @property
     def completion_price(self) -> float:
-        """USD per completion token."""
         return self.completion_usd_per_m / 1e6
 
 
@@ -172,11 +164,7 @@ def is_loopback_host(host: str) -> bool:
 
 @dataclass(frozen=True)
 class SimulatorConfig:
-    """Everything a simulator serves by; each field is also its command-line flag (``resources.simulator.flags``).
-
-    A child process gets its config as flags (``config_to_args``) and parses them back with the parser
-    derived from these same fields, so a setting is declared here and nowhere else.
-    """
+    """Everything a simulator serves by; each field is also its command-line flag (``resources.simulator.flags``)."""
 
     host: str = field(default="127.0.0.1", metadata=flag(help="loopback only: 127.x, localhost or ::1"))
     # A test's config takes any free port; a process listens where the Dagster resource looks for it.

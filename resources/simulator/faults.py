@@ -1,9 +1,8 @@
 """Fault injection: which misbehaviour of OpenRouter a request gets, if any.
 
-Faults are mutually exclusive per request and drawn from one seeded RNG, so a run's fault sequence
-is reproducible for a given arrival order while the *response content* of a prompt never depends on
-it (a retried prompt gets the same text once it gets through). The admission token bucket is
-separate because a 429 storm is a rate phenomenon, not a per-request coin flip.
+Faults are exclusive per request and drawn from one seeded RNG, so a run's fault sequence is reproducible for
+a given arrival order while a prompt's text never depends on it. The admission token bucket is apart because
+a 429 storm is a rate phenomenon, not a per-request coin flip.
 """
 
 import dataclasses

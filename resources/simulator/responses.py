@@ -1,13 +1,10 @@
 """Deterministic Kimi-style completions and their exact token accounting.
 
-The downstream pipeline rebuilds token ids from response text with the real Kimi tokenizer, so the
-simulator's ``usage`` must agree with that tokenizer, not with a character estimate: every count
-here comes from encoding the text actually returned. Text depends only on (seed, messages, tools),
-never on attempt or timing, so a retried prompt is indistinguishable from its first success and a
-prompt bought twice is detectable by its content hash.
-
-Generation (``ResponseGenerator``) is separate from accounting (``TokenAccountant``) so a
-model-backed generator can be plugged in while the usage/truncation rules stay the same.
+The pipeline rebuilds token ids from response text with the real Kimi tokenizer, so ``usage`` comes from
+encoding the text actually returned. Text depends only on (seed, messages, tools), never on attempt or
+timing, so a retried prompt is indistinguishable from its first success and a prompt bought twice is
+detectable by its content hash. Accounting (``TokenAccountant``) is apart from generation so a model-backed
+generator keeps the same usage and truncation rules.
 """
 
 import hashlib
@@ -34,10 +31,6 @@ def request_content_hash(messages: list[Any], tools: list[Any] | None) -> str:
     """Identity of a prompt: the same messages and tools hash alike whatever the key order."""
     blob = orjson.dumps([messages, tools or None], option=_JSON_SORTED)
     return hashlib.blake2b(blob, digest_size=12).hexdigest()
-
-
-# --------------------------------------------------------------------------------------------
-# Request / completion types
 
 
 @dataclass(frozen=True)
@@ -72,12 +65,6 @@ class ResponseGenerator(Protocol):
     def generate(self, request: ChatRequest) -> Completion: ...
 
 
-# --------------------------------------------------------------------------------------------
-# Prompt rendering: the serving stack's own (Kimi K2.5 template, TypeScript tool declaration,
-# special-token text as ids), so that ``usage.prompt_tokens`` is what a provider bills and what
-# the pipeline's reconstruction rebuilds: the two differ by 0.
-
-
 class PromptRenderError(OpenRouterError, ValueError):
     """The request's messages/tools cannot be rendered by the chat template (the server answers 400)."""
 
@@ -107,15 +94,11 @@ def prompt_ids(
     data_specials: DataSpecials = "special",
 ) -> list[int]:
     """The prompt's ids as the serving stack builds them (Kimi K2.5 template with the generation prompt,
-    TypeScript tool declaration), which is what the pipeline's reconstruction rebuilds."""
+    TypeScript tool declaration), so ``usage.prompt_tokens`` and the pipeline's reconstruction differ by 0."""
     try:
         return prompt_token_ids(tokenizer, messages, tools or None, data_specials=data_specials)
     except Exception as exc:  # jinja errors, malformed messages: the request's fault, not the simulator's
         raise PromptRenderError(f"cannot render the prompt with the Kimi chat template: {exc}") from exc
-
-
-# --------------------------------------------------------------------------------------------
-# Accounting
 
 
 @dataclass
@@ -311,9 +294,6 @@ class ResponseCache:
     def __len__(self) -> int:
         return len(self._data)
 
-
-# --------------------------------------------------------------------------------------------
-# The default generator: seeded, template-based Kimi-flavoured text
 
 _REASONING = (
     "The user is asking about {topic}.",

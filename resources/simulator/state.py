@@ -137,7 +137,6 @@ class SimulatorState:
         if config.state_file is not None:
             self._load(Path(config.state_file))
 
-    # -- faults / credits ------------------------------------------------------------------
     def set_faults(self, faults: FaultConfig) -> None:
         self.faults = faults
         self.picker.configure(faults)
@@ -175,7 +174,6 @@ class SimulatorState:
         """Raise (or lift, with None) the workspace budget that answers 403 once usage reaches it."""
         self.workspace_budget = amount_usd
 
-    # -- billing ----------------------------------------------------------------------------
     def record_generation(
         self,
         gen_id: str,
@@ -230,7 +228,6 @@ class SimulatorState:
         st.by_provider[provider.name] += 1
         return charged
 
-    # -- persistence ------------------------------------------------------------------------
     def _load(self, path: Path) -> None:
         if not path.exists():
             self._dirty = True  # write the initial balance so that a restart finds it
@@ -257,7 +254,6 @@ class SimulatorState:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(Path(path), orjson.dumps(payload, option=orjson.OPT_INDENT_2))
 
-    # -- stats ------------------------------------------------------------------------------
     def reset_stats(self) -> None:
         in_flight = self.stats.in_flight
         self.stats = SimulatorStats(in_flight=in_flight, peak_in_flight=in_flight)

@@ -1,8 +1,7 @@
 """The target model, as the local GPU assets see it: where its weights are and how to run it.
 
-The default is the tiny target built on this machine (no download, fixed seed), the one the embedded
-simulator answers with; point ``path`` at a local Hugging Face checkpoint (Kimi K2.5 on an 8-GPU
-host, with ``backend="sglang"``) for the real thing. Nothing here ever fetches from a hub.
+The default is the tiny target built on this machine, the one the embedded simulator answers with; ``path``
+names a local Hugging Face checkpoint for the real thing. Nothing here ever fetches from a hub.
 """
 
 from pathlib import Path
