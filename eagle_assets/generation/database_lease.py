@@ -68,7 +68,7 @@ class DatabaseLease:
     def _try_take(self) -> tuple["OwnerRecord", float, float] | None:
         """Take the lease if it is free or its holder is dead; else the live holder, since when, and now."""
         led = self.ledger
-        with led._tx() as cur:
+        with led.db.tx() as cur:
             led._assert_alive(cur)
             row = cur.execute(
                 "SELECT holder, token, acquired FROM partition_leases WHERE partition = ?", (self.name,)
@@ -126,7 +126,7 @@ class DatabaseLease:
         token = self.token
 
         def give_back() -> None:
-            with self.ledger._tx() as cur:
+            with self.ledger.db.tx() as cur:
                 cur.execute(
                     "UPDATE partition_leases SET holder = NULL WHERE partition = ? AND holder = ? AND token = ?",
                     (self.name, self.ledger.owner, token),

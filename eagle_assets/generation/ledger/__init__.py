@@ -1,18 +1,11 @@
 """The dollar and token ledger shared by every process that spends money.
 
-Dagster runs each step in its own process, so in-memory counters cannot hold a budget. These are tables every
-generation step opens: a SQLite file, the embedded default, or a PostgreSQL database shared by several hosts.
-A request is admitted only after it is *reserved* here; the actual cost *settles* it. What a reservation holds
-(``hard``: its worst case; ``statistical``, the default: its share of ``n·μ + z·σ·√n``) and why the budget then
-holds is ``admission``'s to say; the ledger keeps what that needs across processes and restarts (every open
-reservation, an admission number per dataset, the answers of completed cohorts) and the account-wide in-flight cap,
-leased in slots (``lease_slots``) so that ``max_in_flight`` is one number for the whole account.
-
-``BudgetLedger``, below, is the one public face, joined as mixins from one role a module (each module's docstring
-says which), so callers import everything from ``eagle_assets.generation.ledger``. The named leases that keep one
-writer per journal or folder (``partition_fence``, ``database_lease``) are held by the ledger's owners, outside the
-package: the ledger frees a gone owner's leases itself, so that nothing here imports them but
-``BudgetLedger.partition_fence``.
+Dagster runs each step in its own process, so in-memory counters cannot hold a budget: these are tables every
+generation step opens (a SQLite file, or PostgreSQL shared by several hosts). A request is admitted only once
+*reserved* here, and its actual cost *settles* it; what a reservation holds is ``admission``'s to say, the ledger
+keeps what that needs across processes and restarts, and the account-wide in-flight cap (``lease_slots``).
+``BudgetLedger`` is the one public face, joined as mixins from one role a module. The named leases
+(``partition_fence``, ``database_lease``) live outside the package; the ledger frees a gone owner's leases itself.
 """
 
 import os
@@ -63,12 +56,9 @@ __all__ = [
 class BudgetLedger(ReservationsRole, UncertainRole, KeyUsageRole):
     """One connection per process; every public method is one short transaction.
 
-    ``location``: a SQLite path (or ``sqlite:///path``) or a ``postgresql://`` URL (``database``).
-    ``lease_s``: how long this owner counts as alive without a heartbeat (``EAGLE_FORGE_LEASE_S``, 30 s);
-    a thread renews it every ``lease_s / 6``.
-    ``account``: the budget and in-flight cap this process spends under (a run); checked against the live
-    runs' and recorded (``AccountSettingsConflict`` on a disagreement). None: a process that only reads or
-    settles (the plan, an observer), which neither sets nor checks them.
+    ``lease_s``: how long this owner counts as alive without a heartbeat (``EAGLE_FORGE_LEASE_S``), renewed every
+    ``lease_s / 6``. ``account``: the budget and in-flight cap this run spends under, checked against the live
+    runs'; None for a process that only reads or settles (the plan, an observer).
     """
 
     def __init__(

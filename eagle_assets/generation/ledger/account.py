@@ -22,13 +22,7 @@ class AccountSettingsConflict(ConfigError, ValueError):
 
 class AccountRole(LedgerBase):
     def _settle_account(self, cur: Cursor, mine: AccountSettings) -> str | None:
-        """Check ``mine`` against the live runs' settings and record it; returns what changed, if anything.
-
-        A live run (its lease current) that spends under other settings refuses this one: two pods configured
-        apart would each hold their own budget and cap. With no such run, settings that differ from the
-        recorded ones are a change made on purpose (a budget raised after a top-up): taken, and kept in
-        ``account_changes`` with who made it and when.
-        """
+        """Check ``mine`` against the live runs' settings and record it; returns what changed, if anything."""
         recorded = self._account_row(cur)
         if recorded is not None and recorded[0].same_as(mine):
             return None

@@ -4,7 +4,6 @@ when the connection broke under it, the running totals every role updates, and t
 import functools
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
 from typing import Concatenate, ParamSpec, TypeVar, cast
 
 from eagle_assets.generation.admission import AdmissionPolicy
@@ -63,9 +62,6 @@ class LedgerBase:
     owner: str
     account: AccountSettings | None
     heartbeat: Heartbeat
-
-    def _tx(self, durable: bool = True) -> AbstractContextManager[Cursor]:
-        return self.db.tx(durable)
 
     @staticmethod
     def _bump(cur: Cursor, scope: str, **deltas: float) -> None:

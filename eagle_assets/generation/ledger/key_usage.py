@@ -10,20 +10,16 @@ from eagle_assets.generation.ledger.records import GLOBAL, NANO, KeyUsageCheck, 
 class KeyUsageRole(LedgerBase):
     @reconnecting(idempotent=False)
     def reconcile_key_usage(self, key_usage_usd: float, *, quiet_s: float, now: float | None = None) -> KeyUsageCheck:
-        """Hold the ledger against the key's own usage counter (``/key``'s ``usage``), and give back what the orphans
-        sent without a response head were charged beyond what the key was billed.
+        """Give back what the head-less orphans were charged beyond what the key (``/key``'s ``usage``) was billed.
 
-        Those orphans name nothing that ``/generation`` could look up, so their charge (``_headless_charges``) is a
-        bound, not a bill. The key's usage counts every request billed, named or not: at a quiet moment (nothing
-        open or uncertain on the ledger, no spend for ``quiet_s``, so that the counter has caught up) the key's usage
-        less the ledger's spend is a fixed offset (what the key spent before or beside this ledger). The first quiet
-        check records it; a later one that finds the offset smaller finds the ledger over by that much, and gives it
-        back from the head-less orphans charged since (never more than they were charged, in proportion). A larger
-        offset (the key used elsewhere, or a head-less orphan that was billed) gives nothing back. Either way the
-        offset is recorded again, and those orphans are final.
+        Their charge (``_headless_charges``) is a bound, not a bill. At a quiet moment (nothing open or uncertain, no
+        spend for ``quiet_s``: the counter has caught up) the key's usage less the ledger's spend is a fixed offset
+        (what the key spent beside this ledger); a later quiet check that finds it smaller finds the ledger over by
+        that much, and refunds it from the orphans charged since, in proportion, never more than their charge. A
+        larger offset gives nothing back. Either way the offset is recorded again and those orphans are final.
         """
         now = time.time() if now is None else now
-        with self._tx() as cur:
+        with self.db.tx() as cur:
             (open_count,) = cur.execute("SELECT COUNT(*) FROM reservations").fetchone()
             (uncertain,) = cur.execute("SELECT COUNT(*) FROM uncertain").fetchone()
             (last_spend,) = cur.execute("SELECT MAX(at) FROM spend").fetchone()

@@ -20,7 +20,7 @@ class LengthsRole(LedgerBase):
     @reconnecting(idempotent=True)
     def note_model(self, dataset: str, model: str) -> None:
         """Record which model answers ``dataset``: other datasets of that model may seed its statistics."""
-        with self._tx() as cur:
+        with self.db.tx() as cur:
             cur.execute("INSERT INTO lengths(dataset) VALUES (?) ON CONFLICT DO NOTHING", (dataset,))
             cur.execute("UPDATE lengths SET model = ? WHERE dataset = ?", (model, dataset))
 

@@ -1,12 +1,9 @@
 """Who spends from the ledger, whether they are still there, and what a dead owner's open requests are charged.
 
-Death is judged by a heartbeat lease on the database's clock (``liveness``), with a pid check only within one pid
-space: a dead host's slots come back once its lease expires, and its named leases (``database_lease``) with them.
-
-When a process dies, its reservations are orphaned: the requests may still have been billed (an abandoned
-non-streaming request is billed in full), so an orphan is converted into spend (``_orphan_owner`` says at what).
-If the dead run had already journaled the result, the rerun of that partition corrects the orphan to the actual
-cost (``spend.correct_orphans``) — conservative first, exact later."""
+Death is judged by a heartbeat lease on the database's clock (``liveness``): a dead host's slots and named leases
+come back once its lease expires. A dead owner's reservations may still have been billed (an abandoned request is
+billed in full), so they become spend, corrected to the actual cost when a rerun finds the result journaled
+(``spend.correct_orphans``): conservative first, exact later."""
 
 import logging
 import time
@@ -38,7 +35,7 @@ class OwnersRole(SpendRole, AccountRole):
     def _register(self) -> None:
         """Record this owner with its lease (and its account settings, once they agree with the live runs')."""
         proc = psutil.Process()
-        with self._tx() as cur:
+        with self.db.tx() as cur:
             if self.account is not None:
                 self.account_change = self._settle_account(cur, self.account)
             budget = None if self.account is None else to_nano(self.account.budget_usd)
@@ -97,7 +94,7 @@ class OwnersRole(SpendRole, AccountRole):
         self._last_dead_check = time.monotonic()
         count = 0
         for owner in self.dead_owners():
-            with self._tx() as cur:
+            with self.db.tx() as cur:
                 count += self._orphan_if_dead(cur, owner)
         return count
 
@@ -109,13 +106,9 @@ class OwnersRole(SpendRole, AccountRole):
         return self._orphan_owner(cur, owner)
 
     def _orphan_owner(self, cur: Cursor, owner: str) -> int:
-        """Charge an owner's open reservations and forget the owner; those whose request never went out (reserved
-        ahead, not ``mark_sent``) are released.
-
-        An orphan whose response head had arrived is charged its worst case provisionally and settled later by its
-        generation id. One sent without a head names nothing that ``/generation`` could look up, so its charge is
-        final: its worst case when held hard, else its dataset's share of what those requests hold under the
-        admission bound (``_headless_charges``), the same bound that admitted them."""
+        """Charge an owner's open reservations and forget the owner; those never sent are released. One whose response
+        head had arrived is charged its worst case and settled later by its generation id; one sent without a head
+        names nothing to look up, so its charge is final (``_headless_charges``)."""
         rows = cur.execute(
             "SELECT id, dataset, partition, prompt_id, usd, tokens, seq, hard, prompt_usd, price, generation_id, sent"
             " FROM reservations WHERE owner = ?",
@@ -154,12 +147,9 @@ class OwnersRole(SpendRole, AccountRole):
     def _headless_charges(self, cur: Cursor, orphans: list[Reservation]) -> dict[str, float]:
         """What each statistical orphan sent without a response head is charged, by reservation id.
 
-        Their bill can never be looked up, so worst case for good overcharged every kill by the requests whose head
-        had not come (the soak: 9% over what was billed). They are a random draw of their dataset's answers, so
-        per dataset they are charged what the admission bound holds for them (expected cost plus its deviation at
-        the policy's overspend probability, never above their worst case), split in proportion to worst case.
-        Held hard (the policy or the reservation), or a dataset without enough answers for a length model: worst
-        case, as before."""
+        Worst case for good overcharged every kill (the soak: 9% over what was billed). They are a random draw of
+        their dataset's answers, so per dataset they are charged what the admission bound that admitted them holds,
+        split in proportion to worst case; held hard, or without a length model yet: worst case."""
         if self.policy.hard:
             return {}
         by_dataset: dict[str, list[Reservation]] = {}
@@ -168,15 +158,9 @@ class OwnersRole(SpendRole, AccountRole):
                 by_dataset.setdefault(res.dataset, []).append(res)
         charges: dict[str, float] = {}
         for dataset, group in by_dataset.items():
-            open_group = OpenGroup(
-                count=len(group),
-                worst_usd=sum(r.usd for r in group),
-                prompt_usd=sum(r.prompt_usd for r in group),
-                price_sum=sum(r.price for r in group),
-                price_sq_sum=sum(r.price * r.price for r in group),
-                price_max=max(r.price for r in group),
-                max_tokens=max(r.tokens for r in group),
-            )
+            open_group = OpenGroup()
+            for r in group:
+                open_group = open_group.plus(r.usd, r.prompt_usd, r.price, r.tokens)
             model = self._model(self._moments(cur, dataset), open_group.max_tokens)
             if model is None or open_group.worst_usd <= 0:
                 continue
@@ -194,6 +178,6 @@ class OwnersRole(SpendRole, AccountRole):
 
     @reconnecting(idempotent=True)
     def _close_owner(self) -> None:
-        with self._tx() as cur:
+        with self.db.tx() as cur:
             # A clean close with open reservations means requests were abandoned: count them.
             self._orphan_owner(cur, self.owner)

@@ -188,7 +188,7 @@ class ReservationsRole(OwnersRole):
         cap, cap_reason = budget_usd, "usd"
         if account_cap_usd is not None and account_cap_usd < budget_usd:
             cap, cap_reason = account_cap_usd, "credits"
-        with self._tx() as cur:
+        with self.db.tx() as cur:
             self._assert_alive(cur)
             base = self._open(cur)
             moments: dict[str, Moments] = {}
@@ -308,7 +308,7 @@ class ReservationsRole(OwnersRole):
             self._check_account("max_in_flight", capacity, self.account.max_in_flight)
         if time.monotonic() - self._last_dead_check > min(DEAD_OWNER_CHECK_S, self.lease_s / 10):
             self.recover_dead_owners()
-        with self._tx(durable=False) as cur:  # re-leased every 0.1 s: soft state
+        with self.db.tx(durable=False) as cur:  # re-leased every 0.1 s: soft state
             self._assert_alive(cur)
             rows = cur.execute("SELECT owner, want, held FROM slots WHERE owner != ?", (self.owner,)).fetchall()
             wants = {o: w for o, w, _ in rows}

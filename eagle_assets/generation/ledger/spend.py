@@ -78,7 +78,7 @@ class SpendRole(LengthsRole):
         """
         sts = list(settlements)
         items = [(st.reservation, st.usd, st.tokens, st.kind) for st in sts]
-        with self._tx() as cur:
+        with self.db.tx() as cur:
             closed = self._close_many(cur, items)
             now = time.time()
             provisional = [sts[i] for i in closed if sts[i].kind == "uncertain"]
@@ -113,7 +113,7 @@ class SpendRole(LengthsRole):
         """Spend that arrives outside a reservation (e.g. cost reported on an error)."""
         if usd <= 0:
             return
-        with self._tx() as cur:
+        with self.db.tx() as cur:
             cur.execute(
                 "INSERT INTO spend VALUES (?,?,?,?,?,?,?,?)",
                 (uuid.uuid4().hex, dataset, partition, prompt_id, to_nano(usd), 0, kind, time.time()),
@@ -125,7 +125,7 @@ class SpendRole(LengthsRole):
     def correct_orphans(self, partition: str, actual: Mapping[str, tuple[float, int]]) -> float:
         """Replace orphan worst-case spend by the journaled actual cost; returns dollars refunded."""
         refunded = 0.0
-        with self._tx() as cur:
+        with self.db.tx() as cur:
             rows = cur.execute(
                 "SELECT id, dataset, usd FROM spend WHERE partition = ? AND kind IN ('orphan', 'orphan_headless')",
                 (partition,),

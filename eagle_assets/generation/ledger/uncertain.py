@@ -1,8 +1,6 @@
 """Attempts whose billing is unknown, charged provisionally and listed in ``uncertain`` with their generation id
-until any process looks them up (why and when: ``eagle_assets.generation.settlement``): the charge is then replaced
-by the actual cost (``resolve_uncertain``) or kept for good (``write_off_uncertain``). Also what an orphan is charged
-depends on: whether its request went out (``mark_sent``), and the generation its response head named
-(``note_generation_ids``)."""
+until any process looks them up (why and when: ``eagle_assets.generation.settlement``), and what an orphan's charge
+depends on: whether its request went out (``mark_sent``) and the generation its response head named."""
 
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -11,10 +9,12 @@ from eagle_assets.generation.ledger.base import LedgerBase, reconnecting
 from eagle_assets.generation.ledger.database import Cursor
 from eagle_assets.generation.ledger.records import GLOBAL, NANO, Reservation, UncertainAttempt, dataset_scope, to_nano
 
+_UNCERTAIN_COLUMNS = (
+    "generation_id, spend_id, dataset, partition, prompt_id, provisional_usd, charged_at, lookups, next_lookup"
+)
+
 
 def _uncertain_attempt(row: Sequence[Any]) -> UncertainAttempt:
-    """The attempt of an ``uncertain`` row read as (generation_id, spend_id, dataset, partition, prompt_id,
-    provisional_usd, charged_at, lookups, next_lookup), money in nano-USD."""
     return UncertainAttempt(row[0], row[1], row[2], row[3], row[4], row[5] / NANO, row[6], row[7], row[8])
 
 
@@ -40,7 +40,7 @@ class UncertainRole(LedgerBase):
         rows = [(gen_id, res.id) for res, gen_id in pairs if gen_id]
         if not rows:
             return
-        with self._tx() as cur:
+        with self.db.tx() as cur:
             cur.executemany("UPDATE reservations SET generation_id = ? WHERE id = ?", rows)
 
     @reconnecting(idempotent=True)
@@ -51,7 +51,7 @@ class UncertainRole(LedgerBase):
         rows = [(rid,) for rid in reservation_ids]
         if not rows:
             return
-        with self._tx() as cur:
+        with self.db.tx() as cur:
             cur.executemany("UPDATE reservations SET sent = 1, generation_id = NULL WHERE id = ?", rows)
 
     @reconnecting(idempotent=True)
@@ -61,10 +61,9 @@ class UncertainRole(LedgerBase):
         """Claim up to ``limit`` attempts whose lookup is due by ``due_by`` (default ``now``): their next
         lookup moves ``claim_s`` past ``now``, so that processes settling at once do not all look the same
         ids up."""
-        with self._tx() as cur:
+        with self.db.tx() as cur:
             rows = cur.execute(
-                "SELECT generation_id, spend_id, dataset, partition, prompt_id, provisional_usd, charged_at, lookups,"
-                " next_lookup FROM uncertain WHERE next_lookup <= ? ORDER BY next_lookup LIMIT ?",
+                f"SELECT {_UNCERTAIN_COLUMNS} FROM uncertain WHERE next_lookup <= ? ORDER BY next_lookup LIMIT ?",
                 (now if due_by is None else due_by, limit),
             ).fetchall()
             cur.executemany(
@@ -75,13 +74,10 @@ class UncertainRole(LedgerBase):
     @reconnecting(idempotent=True)
     def uncertain_attempts(self, partition: str | None = None) -> list[UncertainAttempt]:
         """Every attempt still awaiting settlement (of one partition, or all)."""
-        q = (
-            "SELECT generation_id, spend_id, dataset, partition, prompt_id, provisional_usd, charged_at, lookups,"
-            " next_lookup FROM uncertain"
-        )
+        where = " WHERE partition = ?" if partition else ""
         with self.db.read() as cur:
             rows = cur.execute(
-                q + (" WHERE partition = ?" if partition else "") + " ORDER BY charged_at",
+                f"SELECT {_UNCERTAIN_COLUMNS} FROM uncertain{where} ORDER BY charged_at",
                 (partition,) if partition else (),
             ).fetchall()
         return [_uncertain_attempt(r) for r in rows]
@@ -92,7 +88,7 @@ class UncertainRole(LedgerBase):
         rows = [(at, gen_id) for gen_id, at in items]
         if not rows:
             return
-        with self._tx() as cur:
+        with self.db.tx() as cur:
             cur.executemany("UPDATE uncertain SET lookups = lookups + 1, next_lookup = ? WHERE generation_id = ?", rows)
 
     @reconnecting(idempotent=True)
@@ -101,7 +97,7 @@ class UncertainRole(LedgerBase):
         (negative if an attempt cost more than its provisional charge). An id no longer listed (settled by
         another process) is skipped: never corrected twice."""
         refunded = 0
-        with self._tx() as cur:
+        with self.db.tx() as cur:
             for gen_id, actual_usd in items:
                 row = cur.execute(
                     "DELETE FROM uncertain WHERE generation_id = ? RETURNING spend_id", (gen_id,)
@@ -123,7 +119,7 @@ class UncertainRole(LedgerBase):
     def write_off_uncertain(self, generation_ids: Iterable[str]) -> float:
         """Stop looking these attempts up: their provisional charge stands for good; returns its sum."""
         total = 0
-        with self._tx() as cur:
+        with self.db.tx() as cur:
             for gen_id in generation_ids:
                 row = cur.execute(
                     "DELETE FROM uncertain WHERE generation_id = ? RETURNING spend_id, provisional_usd", (gen_id,)
