@@ -28,7 +28,7 @@ from eagle_assets.hidden_states.fidelity import (
     head_predictions,
     logprob_noise,
     mean_norm,
-    mean_relative_difference,
+    pairwise_differences,
     precision_eps,
     projection,
     signature,
@@ -131,11 +131,6 @@ def calibrate_shard(
     sig_rows = slice(0, config.signature_positions)
     slots = slot_names(layers.n_aux)
     slot_rows = [stacked[str(j)] for j in layers.hf_indices] + [stacked[LAST]]
-    distinct = {
-        f"{slots[a]}~{slots[b]}": mean_relative_difference(slot_rows[a], slot_rows[b])
-        for a in range(len(slots))
-        for b in range(a + 1, len(slots))
-    }
     return ShardCalibration(
         shard=shard,
         key=key,
@@ -150,7 +145,7 @@ def calibrate_shard(
         hf_indices=list(layers.hf_indices),
         norms={name: mean_norm(r) for name, r in stacked.items()},
         signatures={name: signature(r[sig_rows], proj).tolist() for name, r in stacked.items()},
-        distinct=distinct,
+        distinct=pairwise_differences(slots, slot_rows),
         logprob_noise=noise,
         source="hf",
     )

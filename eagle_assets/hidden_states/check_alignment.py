@@ -7,11 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from eagle_assets.corpus.outcome import CheckOutcome
-from eagle_assets.hidden_states.check_verdict import (
-    Verdict,
-    outcome,
-    where_of,
-)
+from eagle_assets.hidden_states.check_verdict import Verdict, failed, outcome, where_of
 from eagle_assets.hidden_states.fidelity_spec import ALIGNMENT
 from eagle_assets.hidden_states.samples import HiddenStateSample, input_fingerprint
 from eagle_assets.hidden_states.store_shard import StoreShard
@@ -23,7 +19,7 @@ def check_alignment(
     where = where_of(partition, shard.name)
     damage = shard.damage()
     if damage:
-        return CheckOutcome(ALIGNMENT, False, f"{where}: {ALIGNMENT} FAILED: " + "; ".join(damage), {})
+        return failed(ALIGNMENT, where, "; ".join(damage))
     v = Verdict()
     ids_store = shard.tensor("input_ids").to(torch.int64)
     mask_store = shard.tensor("loss_mask").to(torch.int64)

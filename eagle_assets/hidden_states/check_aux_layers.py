@@ -19,7 +19,7 @@ from eagle_assets.hidden_states.fidelity import (
     LAST,
     ShardCalibration,
     mean_norm,
-    mean_relative_difference,
+    pairwise_differences,
     projection,
     relative_distance,
     signature,
@@ -91,14 +91,20 @@ def check_aux_layers(
         slots.append(shard.rows("last", cal_rows))
     else:
         names = names[:-1]
+    distinct = pairwise_differences(names, slots)
+    norms = {name: round(mean_norm(rows), 4) for name, rows in zip(names, slots, strict=False)}
     if not calib.has_layer_references:
-        return _unreferenced_aux(v, where, names, slots, calib, config, meta, scanned)
+        return _unreferenced_aux(v, where, distinct, norms, calib, config, meta, scanned)
     claimed = [str(j) for j in meta.layers.hf_indices] + [LAST]
     _identify_slots(v, names, slots, claimed, calib, config, h)
-    norms = {name: round(mean_norm(rows), 4) for name, rows in zip(names, slots, strict=False)}
     v.metadata["norms"] = norms
     v.metadata["target_norms"] = {n: round(calib.norms[c], 4) for n, c in zip(names, claimed, strict=False)}
-    _distinct_slots(v, names, slots, calib, config)
+    for pair, value in distinct.items():  # at least a fraction of how much the target's own layers differ
+        if (ref := calib.distinct.get(pair)) is not None:
+            v.at_least(
+                f"slots {pair} differ by", value, config.fraction * ref, f"{config.fraction} × the target's {ref:.4f}"
+            )
+    v.metadata["distinct"] = {pair: round(value, 6) for pair, value in distinct.items()}
     ok = f"layers {list(meta.layers.hf_indices)} + last identified, distinct, finite ({scanned}); norms " + ", ".join(
         f"{k} {x:.2f}" for k, x in norms.items()
     )
@@ -159,41 +165,19 @@ def _identify_slots(
     v.metadata["nearest_layers"] = nearest_found
 
 
-def _distinct_slots(
-    v: Verdict, names: Sequence[str], slots: Sequence[torch.Tensor], calib: ShardCalibration, config: FidelityConfig
-) -> None:
-    """The slots differ from each other at least ``fraction`` as much as the target's own layers do."""
-    distinct = {}
-    for a in range(len(slots)):
-        for b in range(a + 1, len(slots)):
-            pair = f"{names[a]}~{names[b]}"
-            value = mean_relative_difference(slots[a], slots[b])
-            distinct[pair] = round(value, 6)
-            ref = calib.distinct.get(pair)
-            if ref is not None:
-                v.at_least(
-                    f"slots {pair} differ by",
-                    value,
-                    config.fraction * ref,
-                    f"{config.fraction} × the target's {ref:.4f}",
-                )
-    v.metadata["distinct"] = distinct
-
-
 def _unreferenced_aux(
     v: Verdict,
     where: str,
-    names: Sequence[str],
-    slots: Sequence[torch.Tensor],
+    distinct: dict[str, float],
+    norms: dict[str, float],
     calib: ShardCalibration,
     config: FidelityConfig,
     meta: StoreMeta,
     scanned: str,
 ) -> CheckOutcome:
-    """Aux layers against a calibration with no per-layer reference (the SGLang engine's): which layer a slot
-    holds cannot be told. Without ``allow_unreferenced_aux`` that fails; with it, the slots are still checked
-    not to repeat one another (closer than one ulp of the store dtype), their norms are recorded, and the
-    summary and metadata say the layers' identity was not verified."""
+    """Against a calibration with no per-layer reference (the SGLang engine's), which layer a slot holds cannot be
+    told: that fails unless ``allow_unreferenced_aux``, and either way the slots must not repeat one another (closer
+    than one ulp of the store dtype) and the summary says the identity was not verified."""
     reason = (
         f"the calibration ({calib.source}) has no per-layer reference, so which layer each slot holds is not verified"
     )
@@ -204,14 +188,10 @@ def _unreferenced_aux(
             "on a target that fits one GPU, then opt out explicitly with allow_unreferenced_aux=true)"
         )
     ulp = float(torch.finfo(meta.dtype).eps)
-    distinct = {}
-    for a in range(len(slots)):
-        for b in range(a + 1, len(slots)):
-            pair = f"{names[a]}~{names[b]}"
-            distinct[pair] = round(mean_relative_difference(slots[a], slots[b]), 6)
-            v.at_least(f"slots {pair} differ by", distinct[pair], ulp, f"one ulp of {dtype_name(meta.dtype)}")
-    norms = {name: round(mean_norm(rows), 4) for name, rows in zip(names, slots, strict=False)}
-    v.metadata.update(distinct=distinct, norms=norms, allow_unreferenced_aux=config.allow_unreferenced_aux)
+    rounded = {pair: round(value, 6) for pair, value in distinct.items()}
+    for pair, value in rounded.items():
+        v.at_least(f"slots {pair} differ by", value, ulp, f"one ulp of {dtype_name(meta.dtype)}")
+    v.metadata.update(distinct=rounded, norms=norms, allow_unreferenced_aux=config.allow_unreferenced_aux)
     ok = (
         f"layers {list(meta.layers.hf_indices)} + last: identity NOT verified (allow_unreferenced_aux; {reason}); "
         f"distinct, finite ({scanned}); norms " + ", ".join(f"{k} {x:.2f}" for k, x in norms.items())

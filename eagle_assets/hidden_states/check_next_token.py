@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from itertools import pairwise
 
 import torch
 
@@ -11,7 +12,7 @@ from eagle_assets.corpus.outcome import CheckOutcome
 from eagle_assets.hidden_states.check_verdict import (
     Verdict,
     calibration_problem,
-    no_calibration,
+    failed,
     outcome,
     unreadable,
     where_of,
@@ -29,11 +30,8 @@ from eagle_assets.hidden_states.store_shard import StoreShard, rows_at
 
 
 def spread_positions(shard: StoreShard, config: FidelityConfig, key: str) -> list[tuple[int, int]]:
-    masks = []
-    offsets = shard.tensor("sample_offsets").tolist()
     mask = shard.tensor("loss_mask").numpy()
-    for i in range(len(offsets) - 1):
-        masks.append(mask[offsets[i] : offsets[i + 1]])
+    masks = [mask[a:b] for a, b in pairwise(shard.tensor("sample_offsets").tolist())]
     return pick_positions(masks, config.positions, config.seed, key, "spread")
 
 
@@ -106,14 +104,13 @@ def check_next_token(
     if damage:
         return unreadable(NEXT_TOKEN, where, damage)
     if "last" not in shard.meta.features:
-        return no_calibration(NEXT_TOKEN, where, "the store keeps no last hidden state to check")
+        return failed(NEXT_TOKEN, where, "the store keeps no last hidden state to check")
     last_shape = shard.header("last")["last"]["shape"]
     if last_shape[1:] != [shard.meta.hidden_size]:
-        why = f"last has shape {last_shape}, expected [tokens, {shard.meta.hidden_size}]"
-        return CheckOutcome(NEXT_TOKEN, False, f"{where}: {NEXT_TOKEN} FAILED: {why}", {})
+        return failed(NEXT_TOKEN, where, f"last has shape {last_shape}, expected [tokens, {shard.meta.hidden_size}]")
     problem = calibration_problem(shard, calib)
     if problem or calib is None:
-        return no_calibration(NEXT_TOKEN, where, problem or "no calibration")
+        return failed(NEXT_TOKEN, where, problem or "no calibration")
     v = Verdict()
     offsets = shard.tensor("sample_offsets").tolist()
     ids = shard.tensor("input_ids").to(torch.int64)

@@ -39,12 +39,12 @@ def outcome(name: str, where: str, verdict: Verdict, ok: str) -> CheckOutcome:
     return CheckOutcome(name, True, f"{where}: {name} passed: {ok}", verdict.metadata)
 
 
-def unreadable(name: str, where: str, why: Sequence[str]) -> CheckOutcome:
-    return CheckOutcome(name, False, f"{where}: {name} FAILED: cannot read the shard: " + "; ".join(why), {})
-
-
-def no_calibration(name: str, where: str, why: str) -> CheckOutcome:
+def failed(name: str, where: str, why: str) -> CheckOutcome:
     return CheckOutcome(name, False, f"{where}: {name} FAILED: {why}", {})
+
+
+def unreadable(name: str, where: str, why: Sequence[str]) -> CheckOutcome:
+    return failed(name, where, "cannot read the shard: " + "; ".join(why))
 
 
 def calibration_problem(shard: StoreShard, calib: ShardCalibration | None) -> str | None:

@@ -1,16 +1,11 @@
 """Backend 1: target features from a Hugging Face causal LM, in this process.
 
-For targets that fit one device (the tiny target, 8B-class models on one GPU, any model on CPU for tests); Kimi
-K2.5 needs tensor parallelism (``extract_sglang.py``). Cheaper than ``model(..., output_hidden_states=True)`` in
-a loop, with equal output (``tests/hidden_states/test_extract_hf.py`` compares both, per sample, unpadded):
-
-- **No lm_head.** Only the decoder runs (``model.get_decoder()``): for a 163,840-token vocabulary the projection
-  is the dominant cost of a small model and a [batch, seq, 163840] tensor for any (10.7 GB in fp32 at 16k tokens).
-- **Hooks, not all hidden states.** Forward pre-hooks on the three chosen decoder layers capture their inputs
-  (HF index i = input of layer i); the last hidden state is the decoder's output.
-- **Token-budget batches sorted by length** (``pipeline.plan_batches``), right-padded with an attention mask;
-  features are cast to the store dtype on the device before one device→host copy per batch, and written by a
-  background thread while the next batch runs.
+For targets that fit one device; Kimi K2.5 needs tensor parallelism (``extract_sglang.py``). The same numbers as
+``model(..., output_hidden_states=True)`` (``tests/hidden_states/test_extract_hf.py`` compares them), cheaper:
+only the decoder runs, because over a 163,840-token vocabulary the head dominates a small model's cost and its
+[batch, seq, vocab] logits would take 10.7 GB in fp32 at 16k tokens; forward pre-hooks capture the three aux
+layers' inputs (HF index i = input of layer i) instead of every hidden state; features are cast to the store dtype
+on the device before one copy to the host per batch.
 """
 
 from __future__ import annotations
@@ -30,11 +25,6 @@ from eagle_assets.hidden_states.pipeline import ExtractReport, Progress, ShardsI
 from eagle_assets.hidden_states.samples import HiddenStateSample
 from eagle_assets.hidden_states.store_format import FEATURES, StoreMeta
 from eagle_assets.target.architecture import decoder_layers_of, decoder_of, final_norm_of, num_decoder_layers
-
-
-def pick_device() -> torch.device:
-    """The GPU when there is one (features of big models on CPU are impractical), else the CPU."""
-    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
 
 def hidden_size_of(model: nn.Module) -> int:
@@ -58,11 +48,8 @@ def pad_batch(
 
 
 class HFFeatureExtractor:
-    """A ``BatchFn`` over an HF causal LM: batch of samples → per-sample ``aux`` / ``last`` tensors.
-
-    ``capture="hooks"`` is the fast path; ``capture="output_hidden_states"`` asks the decoder for
-    its full hidden-state tuple instead and exists to verify the hooks (same numbers).
-    """
+    """A ``BatchFn`` over an HF causal LM. ``capture="output_hidden_states"`` asks the decoder for every hidden state
+    instead of hooking the aux layers: it exists to verify the hooks."""
 
     def __init__(
         self,
@@ -152,27 +139,22 @@ def extract_hf(
     with_last: bool = True,
     last_kind: str = "post_norm",
     max_tokens_per_batch: int = 16384,
-    sort_by_length: bool = True,
-    capture: str = "hooks",
     device: str | torch.device | None = None,
-    model_dtype: torch.dtype | None = None,
     progress: Callable[[Progress], None] | None = None,
     check_space: bool = True,
     reserve_bytes: int = 0,
 ) -> ExtractReport:
     """Extract and store the features of every corpus shard; resumable (finished shards are skipped).
 
-    ``model`` is a loaded HF causal LM or a local directory (loaded by ``target.loader.load_target`` without
-    its head — a vision-language wrapper as its text model — on ``device``, default CUDA if available, in
-    ``model_dtype``, default bf16 on GPU and fp32 on CPU). ``dtype`` is the *store* dtype. ``layers`` defaults
-    to the EAGLE-3 choice [2, N//2, N-3] in HF indices (see ``layers.py``; pass ``layer_convention="sglang"`` for
-    SGLang ids).
+    ``model``: a loaded HF causal LM, or a local directory loaded without its head on ``device`` (default: CUDA
+    when there is one) in bf16 on a GPU, fp32 on CPU. ``dtype`` is the *store* dtype; ``layers`` default to
+    EAGLE-3's [2, N//2, N-3] HF indices.
     """
     if isinstance(model, str | Path):
         from eagle_assets.target.loader import load_target
 
-        dev = torch.device(device) if device is not None else pick_device()
-        mdt = model_dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
+        dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        mdt = torch.bfloat16 if dev.type == "cuda" else torch.float32
         model_id = model_id or str(model)
         loaded: nn.Module = load_target(model, dev, mdt, with_head=False)  # only the decoder runs here
         model = loaded
@@ -190,18 +172,15 @@ def extract_hf(
         dtype=dtype,
         features=features,
         last_kind=last_kind,
-        extra={"backend": "hf", "capture": capture},
+        extra={"backend": "hf", "capture": "hooks"},
     )
-    extractor = HFFeatureExtractor(
-        model, aux_layers, features=features, last_kind=last_kind, out_dtype=dtype, capture=capture
-    )
+    extractor = HFFeatureExtractor(model, aux_layers, features=features, last_kind=last_kind, out_dtype=dtype)
     return run_extraction(
         shards,
         out_dir,
         meta,
         extractor,
         max_tokens_per_batch=max_tokens_per_batch,
-        sort_by_length=sort_by_length,
         progress=progress,
         check_space=check_space,
         reserve_bytes=reserve_bytes,

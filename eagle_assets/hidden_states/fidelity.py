@@ -236,6 +236,15 @@ def mean_relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((diff / ref).mean())
 
 
+def pairwise_differences(names: Sequence[str], rows: Sequence[torch.Tensor]) -> dict[str, float]:
+    """``"a~b"``: the mean relative difference of every pair of slots, in slot order."""
+    return {
+        f"{names[a]}~{names[b]}": mean_relative_difference(rows[a], rows[b])
+        for a in range(len(rows))
+        for b in range(a + 1, len(rows))
+    }
+
+
 def slot_names(n_aux: int) -> list[str]:
     """The store's feature slots: aux layers low → high, then the last state."""
     names = {3: ["low", "mid", "high"]}.get(n_aux, [f"aux{i}" for i in range(n_aux)])

@@ -19,6 +19,7 @@ from eagle_assets.corpus.outcome import CheckOutcome
 from eagle_assets.hidden_states.check_alignment import check_alignment
 from eagle_assets.hidden_states.check_aux_layers import check_aux_layers
 from eagle_assets.hidden_states.check_next_token import check_next_token, spread_positions
+from eagle_assets.hidden_states.check_verdict import failed
 from eagle_assets.hidden_states.fidelity import read_calibration
 from eagle_assets.hidden_states.fidelity_spec import ALIGNMENT, AUX_LAYERS, CHECKS, NEXT_TOKEN, FidelityConfig
 from eagle_assets.hidden_states.samples import HiddenStateSample
@@ -50,7 +51,7 @@ def run_fidelity_checks(
     by_check: dict[str, list[CheckOutcome]] = {name: [] for name in CHECKS}
     if len(shards) != len(corpus):
         why = f"the store holds {len(shards)} shards, the corpus {len(corpus)}"
-        return [CheckOutcome(name, False, f"hidden_states {partition}: {name} FAILED: {why}", {}) for name in CHECKS]
+        return [failed(name, f"hidden_states {partition}", why) for name in CHECKS]
     for shard, source in zip(shards, corpus, strict=True):
         calib = calibration.shards.get(shard.name) if calibration is not None else None
         try:

@@ -41,7 +41,6 @@ class Progress:
     tokens_total: int
     tokens_per_s: float
     shards_done: int
-    shards_total: int
     shard_index: int
 
     @property
@@ -51,11 +50,8 @@ class Progress:
 
 @dataclass(frozen=True)
 class ExtractReport:
-    store: Path
-    shards_total: int
     shards_skipped: int
     shards_computed: int
-    tokens_total: int
     tokens_computed: int
     seconds: float
 
@@ -119,7 +115,6 @@ def run_extraction(
     *,
     group: Sequence[str] | None = None,
     max_tokens_per_batch: int = 16384,
-    sort_by_length: bool = True,
     progress: Callable[[Progress], None] | None = None,
     check_space: bool = True,
     reserve_bytes: int = 0,
@@ -151,7 +146,7 @@ def run_extraction(
         if progress is not None:
             elapsed = time.perf_counter() - start
             rate = computed_tokens / elapsed if elapsed > 0 else 0.0
-            progress(Progress(event, tokens_done, tokens_total, rate, shards_done, len(items), shard_index))
+            progress(Progress(event, tokens_done, tokens_total, rate, shards_done, shard_index))
 
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="hs-writer") as pool:
         for idx in pending:
@@ -164,20 +159,12 @@ def run_extraction(
                 report("batch", idx)
 
             shard_writer = writer.open_shard(idx, key, group, samples)
-            _stream_shard(shard_writer, samples, group, compute, pool, max_tokens_per_batch, sort_by_length, batch_done)
+            _stream_shard(shard_writer, samples, group, compute, pool, max_tokens_per_batch, batch_done)
             writer.record(idx, key, group, samples)
             shards_done += 1
             report("shard", idx)
 
-    return ExtractReport(
-        store=writer.directory,
-        shards_total=len(items),
-        shards_skipped=skipped,
-        shards_computed=len(pending),
-        tokens_total=tokens_total,
-        tokens_computed=computed_tokens,
-        seconds=time.perf_counter() - start,
-    )
+    return ExtractReport(skipped, len(pending), computed_tokens, time.perf_counter() - start)
 
 
 def _resume(
@@ -221,7 +208,6 @@ def _stream_shard(
     compute: BatchFn,
     pool: ThreadPoolExecutor,
     max_tokens_per_batch: int,
-    sort_by_length: bool,
     batch_done: Callable[[int], None],
 ) -> None:
     """Compute one shard batch by batch and commit its file; on any error the file is removed.
@@ -232,7 +218,7 @@ def _stream_shard(
     inflight: list[Future[None]] = []
     try:
         lengths = [len(s) for s in samples]
-        for batch in plan_batches(lengths, max_tokens_per_batch, sort_by_length=sort_by_length):
+        for batch in plan_batches(lengths, max_tokens_per_batch):
             feats = compute([samples[i] for i in batch])
             if len(feats) != len(batch):
                 raise RuntimeError(f"backend returned {len(feats)} feature sets for a batch of {len(batch)}")

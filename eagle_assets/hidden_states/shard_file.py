@@ -18,6 +18,7 @@ import struct
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -55,10 +56,7 @@ class ShardLayout:
         self.group = tuple(group)
         self.lengths = [int(n) for n in lengths]
         self.n_tokens = sum(self.lengths)
-        offsets = [0]
-        for n in self.lengths:
-            offsets.append(offsets[-1] + n)
-        self.sample_offsets = offsets
+        self.sample_offsets = list(accumulate(self.lengths, initial=0))
         t = self.n_tokens
         # Widest element first keeps every tensor naturally aligned in the data buffer.
         specs = [
@@ -91,6 +89,11 @@ class ShardLayout:
         return len(self.header) + self.data_offsets[feature] + token * row_bytes
 
 
+def swept_tmp_name(name: str) -> str:
+    """A temporary named by host and pid, so that ``store_writer.remove_stale_temporaries`` sweeps a dead one's."""
+    return f"{name}.tmp-{host_tag()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
 def _tensor_bytes(t: torch.Tensor) -> memoryview:
     t = t.detach().contiguous().cpu()
     return t.view(torch.uint8).numpy().data.cast("B") if t.numel() else memoryview(b"")  # .data: its buffer
@@ -117,7 +120,7 @@ class ShardWriter:
     ):
         self.meta = meta
         self.final = directory / file_name
-        self.tmp = directory / f"{file_name}.tmp-{host_tag()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.tmp = directory / swept_tmp_name(file_name)
         self.layout = ShardLayout(meta, group, [len(s) for s in samples], metadata)
         self._pending = {f: set(range(len(samples))) for f in self.layout.group}
         self._fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)

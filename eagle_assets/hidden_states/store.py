@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from bisect import bisect_right
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +14,21 @@ import torch
 from eagle_assets.hidden_states.layers import AuxLayers
 from eagle_assets.hidden_states.shard_file import read_shard_header
 from eagle_assets.hidden_states.store_format import INDEX_NAME, StoreError, StoreMeta
+
+
+def starts_of(sizes: Sequence[int]) -> tuple[list[int], int]:
+    """Where each of consecutive parts of ``sizes`` starts, and their total."""
+    return list(accumulate(sizes, initial=0))[:-1], sum(sizes)
+
+
+def locate(starts: Sequence[int], total: int, i: int) -> tuple[int, int]:
+    """(part, index within it) of item ``i`` (negative: from the end) of the parts starting at ``starts``."""
+    if i < 0:
+        i += total
+    if not 0 <= i < total:
+        raise IndexError(f"sample {i} out of range for {total} samples")
+    k = bisect_right(starts, i) - 1
+    return k, i - starts[k]
 
 
 class HiddenStateStore:
@@ -32,12 +49,7 @@ class HiddenStateStore:
         self.meta = StoreMeta.from_index(self.index)
         self.dtype = dtype
         self._shards: list[dict[str, Any]] = [e for _, e in sorted(self.index["shards"].items()) if e.get("complete")]
-        self._starts: list[int] = []
-        total = 0
-        for e in self._shards:
-            self._starts.append(total)
-            total += e["n_samples"]
-        self._len = total
+        self._starts, self._len = starts_of([e["n_samples"] for e in self._shards])
         self._handles: dict[str, Any] = {}
         if verify:
             for e in self._shards:
@@ -64,23 +76,9 @@ class HiddenStateStore:
     def __len__(self) -> int:
         return self._len
 
-    def _locate(self, i: int) -> tuple[dict[str, Any], int]:
-        if i < 0:
-            i += self._len
-        if not 0 <= i < self._len:
-            raise IndexError(f"sample {i} out of range for a store of {self._len}")
-        lo, hi = 0, len(self._starts) - 1
-        while lo < hi:  # last shard whose start <= i
-            mid = (lo + hi + 1) // 2
-            if self._starts[mid] <= i:
-                lo = mid
-            else:
-                hi = mid - 1
-        return self._shards[lo], i - self._starts[lo]
-
     def sample_id(self, i: int) -> str:
-        entry, j = self._locate(i)
-        return entry["sample_ids"][j]
+        k, j = locate(self._starts, self._len, i)
+        return self._shards[k]["sample_ids"][j]
 
     def _handle(self, name: str) -> Any:
         h = self._handles.get(name)
@@ -92,7 +90,8 @@ class HiddenStateStore:
         return h
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        entry, j = self._locate(int(i))
+        k, j = locate(self._starts, self._len, int(i))
+        entry = self._shards[k]
         start = entry["offsets"][j]
         end = start + entry["lengths"][j]
         out: dict[str, torch.Tensor] = {}

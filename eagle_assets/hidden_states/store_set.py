@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from eagle_assets.hidden_states.store import HiddenStateStore
+from eagle_assets.hidden_states.store import HiddenStateStore, locate, starts_of
 from eagle_assets.hidden_states.store_format import StoreError
 
 
@@ -26,24 +26,16 @@ class StoreSet:
         self.stores = [HiddenStateStore(self.root / p, dtype=dtype) for p in self.partitions]
         first = self.stores[0].meta
         for p, s in zip(self.partitions, self.stores, strict=True):
-            if (s.meta.model_id, s.meta.layers, s.meta.hidden_size) != (
-                first.model_id,
-                first.layers,
-                first.hidden_size,
-            ):
+            m = s.meta
+            if (m.model_id, m.layers, m.hidden_size) != (first.model_id, first.layers, first.hidden_size):
                 raise StoreError(
-                    f"store {p} was extracted from {s.meta.model_id} layers {s.meta.layers.hf_indices}, "
+                    f"store {p} was extracted from {m.model_id} layers {m.layers.hf_indices}, "
                     f"{self.partitions[0]} from {first.model_id} layers {first.layers.hf_indices}: re-extract one"
                 )
             if len(s) == 0:
                 raise StoreError(f"store {self.root / p} has no complete shard")
         self.meta = first
-        self._starts: list[int] = []
-        total = 0
-        for s in self.stores:
-            self._starts.append(total)
-            total += len(s)
-        self._len = total
+        self._starts, self._len = starts_of([len(s) for s in self.stores])
 
     def __len__(self) -> int:
         return self._len
@@ -60,10 +52,5 @@ class StoreSet:
         }
 
     def __getitem__(self, i: int) -> dict[str, Any]:
-        i = int(i)
-        if i < 0:
-            i += self._len
-        if not 0 <= i < self._len:
-            raise IndexError(f"sample {i} out of range for {self._len} samples")
-        k = max(j for j, start in enumerate(self._starts) if start <= i)
-        return self.stores[k][i - self._starts[k]]
+        k, j = locate(self._starts, self._len, int(i))
+        return self.stores[k][j]

@@ -1,11 +1,9 @@
 """The writer side of a store: ``index.json`` (settings check, what is done, what was committed).
 
-**Atomic, resumable.** A shard file is only recorded in ``index.json`` once it is renamed into place (the index
-itself replaced atomically, under a file lock and a lease in the ledger's database, so that several extraction
-processes, on several hosts, can share one store). On rerun, a shard whose file is structurally complete (header
-parses, size matches, metadata and input fingerprint match the current corpus shard) is skipped, even if the
-crash came between rename and index update; anything else is deleted and recomputed. Stale temporaries of dead
-processes are removed.
+A shard file is recorded in ``index.json`` only once it is renamed into place, and the index is replaced whole,
+under a file lock and a lease in the ledger's database, so that extraction processes on several hosts can share a
+store. On rerun, a shard whose file is whole and made from the current corpus shard is kept, even if the crash
+came between rename and index update; anything else is deleted and recomputed.
 """
 
 from __future__ import annotations
@@ -13,17 +11,16 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import uuid
 from collections.abc import Mapping, Sequence
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
-from eagle_assets.durable_files import atomic_write_bytes as durable_atomic_write_bytes
-from eagle_assets.durable_files import host_tag, pid_alive
+from eagle_assets.durable_files import atomic_write_bytes, host_tag, pid_alive
 from eagle_assets.generation.database_lease import DatabaseLease
 from eagle_assets.generation.folder_lease import exclusive
 from eagle_assets.hidden_states.samples import HiddenStateSample, input_fingerprint
-from eagle_assets.hidden_states.shard_file import ShardWriter, read_shard_header
+from eagle_assets.hidden_states.shard_file import ShardWriter, read_shard_header, swept_tmp_name
 from eagle_assets.hidden_states.store_format import (
     FORMAT,
     FORMAT_VERSION,
@@ -40,30 +37,14 @@ from eagle_assets.hidden_states.store_format import (
 INDEX_LEASE_WAIT_S = 600.0
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Temporaries carry host and pid so that crash leftovers of dead processes can be swept."""
-    durable_atomic_write_bytes(path, data, f"{path.name}.tmp-{host_tag()}-{os.getpid()}-{uuid.uuid4().hex[:6]}")
-
-
-def remove_stale_temporaries(directory: Path) -> list[Path]:
-    """Delete ``*.tmp-<host>-<pid>-*`` files left by dead processes of this host (crash leftovers)."""
-    removed: list[Path] = []
-    if not directory.is_dir():
-        return removed
-    host = host_tag()
-    for p in directory.iterdir():
-        name = p.name
-        if ".tmp-" not in name or not p.is_file():
-            continue
-        parts = name.rsplit(".tmp-", 1)[1].split("-")
-        if len(parts) < 2 or parts[0] != host or not parts[1].isdigit():
-            continue  # another host's (shared filesystem) or not ours: leave it alone
-        if int(parts[1]) == os.getpid() or pid_alive(int(parts[1])):
-            continue
-        with contextlib.suppress(FileNotFoundError):
-            p.unlink()
-            removed.append(p)
-    return removed
+def remove_stale_temporaries(directory: Path) -> None:
+    """Delete the ``*.tmp-<host>-<pid>-*`` files that dead processes of this host left (another host's are its own)."""
+    for p in directory.glob("*.tmp-*"):
+        host, _, rest = p.name.rsplit(".tmp-", 1)[1].partition("-")
+        pid = rest.partition("-")[0]
+        if host == host_tag() and pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)) and p.is_file():
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
 
 
 class StoreWriter:
@@ -87,7 +68,7 @@ class StoreWriter:
             index = self._read_index()
             if index is None:
                 lease.check()
-                atomic_write_bytes(self.directory / INDEX_NAME, _dump({**meta.to_index(), "shards": {}}))
+                self._write_index({**meta.to_index(), "shards": {}})
             else:
                 self._check_identity(index)
 
@@ -96,6 +77,9 @@ class StoreWriter:
         and its lease in the ledger's database, which GPU workers on other hosts wait for)."""
         what = f"the hidden-state store index {self.directory / INDEX_NAME}"
         return exclusive(self.directory, LOCK_NAME, what=what, location=self.lease_location, wait_s=self.lease_wait_s)
+
+    def _write_index(self, doc: Mapping[str, Any]) -> None:
+        atomic_write_bytes(self.directory / INDEX_NAME, _dump(doc), swept_tmp_name(INDEX_NAME))
 
     def _read_index(self) -> dict[str, Any] | None:
         p = self.directory / INDEX_NAME
@@ -137,11 +121,10 @@ class StoreWriter:
         want = self.shard_metadata(index, key, group, samples)
         if any(md.get(k) != want[k] for k in ("format", "features", "identity", "input_fingerprint")):
             return False
-        shapes_ok = all(
+        return all(
             name in header and header[name]["shape"] == [sum(len(s) for s in samples), self.meta.width(name)]
             for name in group
         )
-        return shapes_ok
 
     def discard(self, index: int, group: Sequence[str], *, listed: bool = True) -> None:
         """Remove an incomplete or stale file (and its index entry, if ``listed``) before recomputing it."""
@@ -156,7 +139,7 @@ class StoreWriter:
             if entry and name in entry.get("files", {}):
                 del entry["files"][name]
                 lease.check()
-                atomic_write_bytes(self.directory / INDEX_NAME, _dump(index_doc))
+                self._write_index(index_doc)
 
     def open_shard(
         self, index: int, key: str, group: Sequence[str], samples: Sequence[HiddenStateSample]
@@ -175,9 +158,7 @@ class StoreWriter:
         name = shard_file_name(index, group, self.meta.features)
         size = (self.directory / name).stat().st_size
         lengths = [len(s) for s in samples]
-        offsets = [0]
-        for n in lengths[:-1]:
-            offsets.append(offsets[-1] + n)
+        offsets = list(accumulate(lengths, initial=0))[:-1]
         with self._index_writer() as lease:
             doc = self._read_index() or {**self.meta.to_index(), "shards": {}}
             self._check_identity(doc)
@@ -203,7 +184,7 @@ class StoreWriter:
             doc["shards"][sid] = entry
             doc["shards"] = dict(sorted(doc["shards"].items()))
             lease.check()
-            atomic_write_bytes(self.directory / INDEX_NAME, _dump(doc))
+            self._write_index(doc)
 
 
 def _dump(doc: Mapping[str, Any]) -> bytes:
