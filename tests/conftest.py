@@ -10,9 +10,14 @@ user's) ``.eagle_forge``, and a test must leave nothing behind.
 ``scripts/test.sh`` runs the suite on pytest-xdist workers (``-n 4 --dist loadgroup``): each worker is a process
 of its own, so each has its own session home, PostgreSQL server (its own data folder and socket) and session
 fixtures; simulators and servers take free ports. See ``pytest_collection_modifyitems`` for how work is dealt.
+
+``TEST_CPU_LOG=<file>`` appends, per test, the CPU seconds it cost (this process's user + system, and that of
+the children it waited for: subprocesses, spawned workers, servers it stopped), because wall times under a
+loaded 2-core machine say little about what a test costs. Not an ``EAGLE_FORGE_`` name: those are settings.
 """
 
 import os
+import resource
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -71,6 +76,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items:
             if id(item) in units:
                 _join_work_unit(item, units[id(item)])
+
+
+def _cpu_seconds() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """With ``TEST_CPU_LOG`` set: one line per test (setup, call and teardown), ``<cpu s>\t<node id>``.
+
+    A module-scoped fixture's cost lands on the test that built it, and threads other tests left running are
+    counted where they run; sorting the file (``sort -rn``) shows where the suite's CPU goes."""
+    log = os.environ.get("TEST_CPU_LOG")
+    before = _cpu_seconds() if log else 0.0
+    yield
+    if log:
+        with open(log, "a") as f:
+            f.write(f"{_cpu_seconds() - before:.2f}\t{item.nodeid}\n")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
