@@ -1,31 +1,13 @@
 """Tell a request-wide error from prompts that are bad one by one.
 
-A 400 or 403 that the classifier calls a skip ("this prompt can never succeed") is sometimes caused
-by the request itself, and then every prompt gets it alike: "Reasoning is mandatory for this
-endpoint and cannot be disabled." for a ``reasoning: {enabled: false}`` in the config, or
-``Input required: specify "prompt" or "messages"``. Skipping them all would end the partition
-"completed" with nothing bought, and the journaled skips would never be asked again.
-
-The breaker watches the skips. Refusals about a prompt's content (moderation, content guardrails:
-``PER_PROMPT``) never count: they say nothing about the request. For the others it counts, per error
-class and normalized message, the skips since the last success, and calls the error request-wide
-when that count reaches ``threshold`` and is at least half of everything that is open or answered
-since the last success (requests still out included: a wave of 2000 whose 80 fast 400s come back
-first is not "all alike"). Once the partition has a success (this run, or in the journal on a rerun)
-the request is known to work, so it takes ``PROVEN_FACTOR`` times as many: a handful of prompts bad
-one by one, asked again alone on a rerun, never trips. A trip stops the run as fatal with that
-message, and those skips are not journaled, so the prompts are asked again once the request is fixed.
-
-The first wave (``holds_first_wave``): until the first success the runner keeps ``threshold``
-requests out, until ``threshold`` of them were accepted (a 200 response head: OpenRouter sends it
-before the answer, and a request-wide 400 is refused before it) or ``threshold`` answers of any kind
-came back; on a partition with a success it goes on at that width while every answer is the same
-skip, until the breaker decides. A request-wide error then costs ``threshold`` requests on a new
-partition, ``PROVEN_FACTOR`` times as many on one with a success, never a wave of ``max_in_flight``;
-a working request waits for its response heads (a fraction of a second), not for its answers (tens of
-seconds on OpenRouter). An error that comes inside a 200 (in-band, after the head) is not held off
-this way: it is unbilled, and the breaker still trips on it, after more requests.
-
+A skip (a 400 or 403 "this prompt can never succeed") is sometimes caused by the request itself, and then every
+prompt gets it alike ("Reasoning is mandatory for this endpoint", ``Input required``): skipping them all would end
+the partition "completed" with nothing bought, and the journaled skips would never be asked again. The breaker
+counts the skips since the last success per error class and normalized message, never the refusals about a
+prompt's content (``PER_PROMPT``), and calls an error request-wide at ``threshold`` of them that are also at least
+half of everything open or answered since (a wave whose fast 400s come back first is not "all alike"), or
+``PROVEN_FACTOR`` times as many once the partition has a success. The first wave is held at ``threshold`` requests
+until that many were accepted or answered (``holds_first_wave``). docs/errors-and-billing.md says what each costs.
 A pure class: no clock, no I/O; the runner feeds it answers.
 """
 
@@ -43,13 +25,10 @@ _VOLATILE = re.compile(
 )
 _SPACES = re.compile(r"\s+")
 
-# Skip classes about the prompt's content, never the request's configuration: a moderation 403 (``reasons``,
-# ``flagged_input``), a content guardrail, a prompt longer than the context (refused before it is sent).
+# Skip classes about the prompt's content, never the request's configuration.
 PER_PROMPT = frozenset({"moderation", "guardrail_blocked", "prompt_too_long"})
-# How much more evidence a partition with a success needs: its request has worked.
-PROVEN_FACTOR = 4
-# The share of the answers and open requests since the last success that one cause must reach.
-SHARE = 0.5
+PROVEN_FACTOR = 4  # how much more evidence a partition with a success needs: its request has worked
+SHARE = 0.5  # of the answers and open requests since the last success, that one cause must reach
 
 
 def normalize_message(text: str) -> str:

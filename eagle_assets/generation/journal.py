@@ -1,11 +1,9 @@
 """Durable, append-only journal of finished prompts, one file per partition.
 
-A response only "counts" once its journal line is fsync'd: the ledger is settled and progress is
-reported after the commit, never before. Each line carries a CRC so that a record torn by a crash
-mid-write is detected and dropped (and its prompt re-done) instead of being read as data. A file
-lock makes the journal single-writer, so two runs of the same partition cannot both append; where the
-file system does not honour it across hosts (NFS), a *fence* (``partition_fence``: a lease in the ledger's
-database) is checked before every append. ``EAGLE_FORGE_JOURNAL_FLOCK=0`` leaves the file lock out.
+A response only "counts" once its journal line is fsync'd: the ledger is settled and progress reported after the
+commit, never before. Each line carries a CRC, so a record torn by a crash is dropped (its prompt redone) instead
+of read as data. A file lock keeps one writer; where the file system does not honour it across hosts (NFS), a
+*fence* (``partition_fence``, a lease in the ledger's database) is checked before every append.
 """
 
 import errno
@@ -113,16 +111,16 @@ class Journal:
     """Exclusive writer for one partition's journal file.
 
     ``fence``: checked before every append (and must already be held when the journal is opened, since
-    opening may truncate a torn tail). ``use_flock``: None reads ``EAGLE_FORGE_JOURNAL_FLOCK``.
+    opening may truncate a torn tail).
     """
 
-    def __init__(self, path: Path, fence: Fence | None = None, use_flock: bool | None = None) -> None:
+    def __init__(self, path: Path, fence: Fence | None = None) -> None:
         self.path = path
         self._fence = fence
         path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
         self._locked = False
-        if flock_enabled() if use_flock is None else use_flock:
+        if flock_enabled():
             try:
                 fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 self._locked = True

@@ -1,20 +1,11 @@
 """Lazy settlement: attempts whose billing is unknown are charged provisionally, then looked up later.
 
-An attempt may have been billed without its answer reaching us: a timeout or a dropped connection
-(an abandoned non-streaming request is billed in full), a torn body, a partial answer that ended in
-an error (OpenRouter documents only zero-completion answers as unbilled), or a request in flight
-when its process was killed. Its generation id, when one was seen (the ``X-Generation-Id`` of the
-response head, a stream's first chunk, a torn body's first bytes), says what it cost, through
-``/generation`` — but that answers 404 until OpenRouter has indexed the generation, which a probe
-saw take more than 8 minutes. So nothing waits for it: the attempt is charged provisionally (the
-ledger's ``uncertain`` table keeps it), the run goes on, and the lookup is repeated with backoff
-while this run lasts, once more at its end, and by any later run on the same ledger (every run
-settles whatever is due, whichever partition charged it). A kill then costs what the requests in
-flight were billed, not their worst case forever.
-
-The charge stays conservative until an answer comes: the budget never counts less than may have
-been billed. Lookups that keep finding nothing stop after ``write_off_after_s``, and the provisional
-charge stands for good.
+An attempt may have been billed without its answer reaching us (a timeout, a dropped connection, a torn body, a
+partial answer that ended in an error, a kill). Its generation id says what it cost through ``/generation``, but
+that answers 404 until OpenRouter has indexed it, which a probe saw take more than 8 minutes. So nothing waits: the
+charge is provisional (the ledger's ``uncertain`` table), and the lookup is repeated with backoff while this run
+lasts, once more at its end, and by any later run on the ledger, so that a kill costs what was billed, not the
+worst case forever. The budget never counts less than may have been billed (docs/errors-and-billing.md).
 """
 
 import asyncio
@@ -41,16 +32,14 @@ class SettlementSchedule:
     max_interval_s: float = 600.0
     write_off_after_s: float = 7 * 86400.0
     loop_interval_s: float = 1.0  # how often a run looks for due attempts
-    # How often requests about to go out and the ids of response heads are written down: a request waits up to
-    # this long before it is sent, and a kill loses at most this much of the ids.
+    # How often sends and response heads' ids are written down: a request waits up to this long before it is sent.
     note_flush_s: float = 0.02
     batch: int = 200  # attempts claimed per round
     concurrency: int = 16  # lookups at once
     claim_s: float = 60.0  # a claimed attempt is not looked up by another process for this long
     final_wait_s: float = 5.0  # at a run's end, how long to keep trying this run's attempts
     lookup_timeout_s: float = 10.0  # one /generation lookup
-    # How long the ledger must have been quiet (nothing open or uncertain, no spend) before it is held against the
-    # key's usage counter (``reconcile_with_key``): the counter must have caught up with every bill.
+    # Quiet needed before the ledger is held against the key's usage counter: it must have caught up with every bill.
     key_usage_quiet_s: float = 600.0
 
     def __post_init__(self) -> None:
@@ -118,9 +107,8 @@ class LazySettler:
             self._own[generation_id] = provisional_usd
 
     async def sending(self, reservation: Reservation) -> None:
-        """Before each attempt goes out: its reservation is marked sent in the ledger (with the next flush, at
-        most ``note_flush_s`` away, shared by every request sent meanwhile). A process killed after that is
-        charged for the request; one killed before it had sent nothing, and the reservation is released."""
+        """Before each attempt goes out, its reservation is marked sent (with the next flush, shared by every request
+        sent meanwhile): a process killed after that is charged for it, one killed before has it released."""
         self._sending.append(reservation.id)
         if self._noted:  # an earlier attempt's id, not yet written, must not stand for this one
             self._noted = [(r, g) for r, g in self._noted if r.id != reservation.id]
@@ -231,12 +219,11 @@ class LazySettler:
             except Exception as exc:  # the sends waiting on this flush failed with it (loudly); keep flushing
                 log.warning("writing sends and generation ids failed: %s: %s", type(exc).__name__, exc)
 
-    async def finish(self, wait_s: float | None = None) -> SettlementTally:
-        """At the end of a run: look this run's attempts up, whatever their schedule, for up to ``wait_s``
+    async def finish(self) -> SettlementTally:
+        """At the end of a run: look this run's attempts up, whatever their schedule, for up to ``final_wait_s``
         (backing off between tries); what is still unknown is left for later runs."""
         self.flush_noted()
-        budget = self.schedule.final_wait_s if wait_s is None else wait_s
-        deadline = time.monotonic() + budget
+        deadline = time.monotonic() + self.schedule.final_wait_s
         pause = 0.2
         while self._own and self.lookup is not None:
             mine = [a for a in self.ledger.uncertain_attempts() if a.generation_id in self._own]
@@ -259,15 +246,14 @@ class LazySettler:
 async def reconcile_with_key(
     ledger: BudgetLedger, key_info: Callable[[], Awaitable[dict[str, Any]]], quiet_s: float
 ) -> KeyUsageCheck | None:
-    """Hold the ledger against the key's usage counter (``BudgetLedger.reconcile_key_usage``); ``key_info`` returns
-    ``/key``'s ``data`` (``OpenRouterClient.key_info``). None when the key cannot be read or names no usage (best
-    effort: the head-less orphans' charges stand meanwhile)."""
+    """Hold the ledger against the key's usage counter (``BudgetLedger.reconcile_key_usage``); None when the key
+    cannot be read or names no usage (best effort: the head-less orphans' charges stand meanwhile)."""
     try:
         info = await key_info()
     except Exception as exc:
         log.warning("reading the key's usage to hold the ledger against failed: %s", type(exc).__name__)
         return None
-    usage = info.get("usage") if isinstance(info, dict) else None  # ``key_info`` is /key's ``data``
+    usage = info.get("usage") if isinstance(info, dict) else None
     if isinstance(usage, bool) or not isinstance(usage, int | float):
         return None
     return ledger.reconcile_key_usage(float(usage), quiet_s=quiet_s)

@@ -1,23 +1,13 @@
 """every_turn conversations as chains of requests: turn k+1 is built from turn k's journaled answer.
 
-The runner asks prompts; this module decides which turn of which conversation is the next prompt.
-A conversation's turn k+1 carries the target's own answers to turns 1..k as its history
-(:func:`eagle_assets.datasets.regeneration.turn_request`), so it only exists once turn k is in the
-journal. Everything is rebuilt from the journal, never from memory: after a crash at turn 3 of 5
-the chain resumes at turn 3 with turns 1 and 2 as they were journaled (none is bought again), and
-each turn's prompt is exactly what was sent for it (its record keeps those messages).
+A turn carries the target's own answers to the earlier turns as its history (``regeneration.turn_request``), so
+it exists only once the turn before is journaled. Everything is rebuilt from the journal, never from memory: after
+a crash at turn 3 of 5 the chain resumes at turn 3 with turns 1 and 2 as journaled (none bought again).
 
-States of a chain: ``running`` (its next turn is queued, reserved or being asked), ``finished``
-(the runner gave up on that turn without an answer: retries exhausted, no headroom for a retry,
-or the run was aborted; it becomes ``dead`` once the commit queue is drained and no record
-arrived), ``held`` (the turn was skipped and the runner holds the skip until a success says the
-request works, as for single prompts; it goes on when the skip is journaled, or dies with a
-request-wide error), ``done`` (every turn journaled, or the chain stopped early, :func:`chain_end`).
-A dead chain's later turns are not started; the next run asks its failed turn again.
-
-A skip journaled as not final (no success in the partition confirmed it), or any skip with
-``reask_skipped``, is asked again: the chain restarts at that turn, and the stop records of its later
-turns are superseded as it goes on.
+States of a chain: ``running`` (its next turn is queued or asked), ``finished`` (the runner gave up on that turn;
+``dead`` once the commit queue is drained and no record came), ``held`` (its skip is held until a success says the
+request works, as for single prompts), ``done`` (every turn journaled, or stopped early: ``chain_end``). A dead
+chain's later turns are not started; the next run asks its failed turn again, as it does a skip that is not final.
 """
 
 import time

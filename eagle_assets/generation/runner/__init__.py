@@ -9,14 +9,10 @@ The loop's promises, in order of importance:
    ledger — adapting down on 429s;
 4. stop cleanly (in-flight requests finish, everything is persisted) when money runs out.
 
-Admission runs ahead of the requests: a dispatcher reserves prompts in chunks into a ready queue,
-and each worker takes the next prompt as soon as its answer is handled, in the same task step. A
-wave of 2000 answers is therefore not followed by 2000 semaphore releases, task creations and loop
-passes before the next requests go out.
-
-Each decision lives in a module of its own (each a class the next one builds on, from ``job`` and ``core`` through
-``stops``, ``progress``, ``skips``, ``commits``, ``attempts`` and ``dispatch`` to ``loop``; each module's docstring says
-which); ``PartitionRunner`` joins them.
+Admission runs ahead of the requests: a dispatcher reserves prompts in chunks into a ready queue, and each worker
+takes the next prompt as soon as its answer is handled, so a wave of 2000 answers is not followed by 2000 task
+creations before the next requests go out. Each decision is a module of its own, a class the next builds on
+(``job``, ``core``, ``stops``, ``progress``, ``skips``, ``commits``, ``attempts``, ``dispatch``, ``loop``).
 """
 
 from eagle_assets.generation.runner.job import (

@@ -51,34 +51,20 @@ class GenerationSettings:
     account_observe_interval_s: float = 10.0  # how often the account's money is handed to ``observe``
     commit_interval_s: float = 0.05
     reserve_chunk: int = 64  # prompts reserved per ledger transaction, and kept ready ahead of the workers
-    # Slow start: open the first max_in_flight requests over this many seconds instead of in one burst, so
-    # connection setup and the first wave of responses do not all land at the same instant. None: 0.25 ms per
-    # request (0.5 s for 2000), about what one answer costs this loop: a wave then arrives no faster than it
-    # is handled, and it stays spread, where a burst would queue and delay every later round trip a little.
+    # Slow start: open max_in_flight over this many seconds, not in one burst. None: 0.25 ms per request, about
+    # what one answer costs this loop, so a wave arrives no faster than it is handled and stays spread.
     startup_ramp_s: float | None = None
-    # What a reservation holds (``admission``): the statistical bound by default, the worst case in hard mode.
     admission: AdmissionPolicy = field(default_factory=AdmissionPolicy)
-    # Once the dollar budget (or the key's credit) refuses, requests start again only in batches of this
-    # share of max_in_flight, and admission stops when, after everything in flight settles at its expected
-    # cost, no such batch would fit: the last crumbs of a budget are not worth a round trip each at a
-    # handful in flight. At the token target the batch is what ``admission.token_overshoot`` of it is worth.
+    # Once a budget refuses, requests start only in batches of this share of max_in_flight, and stop when no such
+    # batch would fit after everything in flight settles: the last crumbs are not worth a round trip each.
     tail_fraction: float = 0.1
     slot_lease_interval_s: float = 0.1  # how often the account-wide in-flight share is renewed
-    # Streaming (``stream: true``): the generation id arrives with the first chunk, so an attempt cut
-    # off later is settled exactly from /generation, and a stream that sends no data event for
-    # ``stream_idle_timeout_s`` is abandoned as stalled instead of waiting for the request timeout.
+    # Streaming: a stream with no data event for ``stream_idle_timeout_s`` is abandoned as stalled.
     stream: bool = False
     stream_idle_timeout_s: float = 60.0
-    # Attempts that may have been billed are charged provisionally and settled from /generation later.
     settlement: SettlementSchedule = field(default_factory=SettlementSchedule)
-    # A request-wide error (``breaker``): this many skips of one class and message with no success between stop
-    # the run as fatal (0: never; four times as many once the partition has a success); until the first success
-    # at most this many requests are out, until this many answers came back. ``reask_skipped``: journaled skips
-    # are asked again.
     breaker_threshold: int = 8
     reask_skipped: bool = False
-    # Refused while only other runs' requests are open, a run waits for them; this long without a change in
-    # what they hold (a live host whose requests hang), it stops as the budget would.
     others_stall_s: float = 1800.0
 
     def __post_init__(self) -> None:
@@ -131,8 +117,7 @@ class PartitionReport:
     stop_detail: str = ""
     spent_usd: float = 0.0  # this run, all kinds
     discarded_usd: float = 0.0
-    # Charged for attempts that may have been billed (timeouts, drops, torn bodies, partial answers ending in
-    # an error): provisionally, less what /generation said they cost once it knew (``settlement``).
+    # Charged provisionally for attempts that may have been billed, less what /generation said they cost.
     uncertain_usd: float = 0.0
     settled_earlier_usd: float = 0.0  # given back this run on attempts charged by earlier or other runs
     uncertain_pending: int = 0  # this run's attempts still unsettled at its end (a later run settles them)

@@ -7,17 +7,15 @@ from eagle_assets.generation.journal import Journal
 from eagle_assets.generation.ledger import Reservation
 from eagle_assets.generation.records import skipped_record
 from eagle_assets.generation.runner.stops import StopDecisions
+from eagle_assets.generation.turn_chains import asked_again
 from resources.openrouter.outcomes import Outcome
 
 
 class Skips(StopDecisions):
     def _to_ask(self, journal: Journal, prompt_id: str) -> bool:
-        """Not journaled yet, or journaled as a skip that is asked again: one no success confirmed (not
-        final), or any with ``reask_skipped`` (after a change of configuration)."""
+        """Not journaled yet, or journaled as a skip that is asked again (as a turn's is: ``asked_again``)."""
         record = journal.records.get(prompt_id)
-        if record is None:
-            return True
-        return record.get("status") == "skipped" and (self.s.reask_skipped or record.get("final") is False)
+        return record is None or asked_again(record, self.s.reask_skipped)
 
     def _skip(self, prompt: Prompt, res: Reservation, out: Outcome, attempts: int) -> None:
         """A skip waits until a success shows the request itself works (an every_turn chain waits with it); if
