@@ -1,22 +1,14 @@
 """Which transformers class loads a target checkpoint, and which of its parts reach the device.
 
-One loader for every step that runs the target in this process (the extraction and its calibration, the in-process
-benchmark, the trainer's online features, the simulator's generator). The class is decided by the checkpoint's
-config, never by a list of model names:
+The one loader of every step that runs the target in this process. The checkpoint's config decides the class, never
+a list of model names: a config in transformers' causal-LM mapping (Llama, DeepSeek-V3, Qwen3, ...) loads with
+``AutoModelForCausalLM``; a wrapper in the image-text-to-text mapping whose ``text_config`` is a causal LM (Kimi
+K2.5's ``kimi_k25`` around ``deepseek_v3``, Qwen3.5, Gemma 4, Llava) loads with ``AutoModelForImageTextToText``, so
+transformers' own key conversions apply; anything else raises one ``TargetLoadError`` saying why each was refused.
 
-1. a config that transformers' causal-LM mapping knows (Llama, DeepSeek-V3, Qwen3, ...) loads with
-   ``AutoModelForCausalLM``;
-2. a config with a ``text_config`` whose class the causal-LM mapping knows, and that the image-text-to-text
-   mapping knows itself (Kimi K2.5: ``kimi_k25`` around a ``deepseek_v3`` text model; Qwen3.5, Gemma 4, Llava),
-   loads with ``AutoModelForImageTextToText``, so transformers' own key conversions apply to the checkpoint;
-3. anything else fails with one ``TargetLoadError`` naming the ``model_type``, the architectures and why each
-   of the two was refused.
-
-Every step here feeds text, so a vision-language wrapper is kept as its text causal LM (transformers' class for
-the ``text_config``, built on the meta device, given the wrapper's own decoder and ``lm_head``; the vision tower
-and projector are dropped before the model moves): the plain causal-LM shape every caller relies on
-(``model.model``, ``model.lm_head``, ``model.config.vocab_size``) and the same logits for text.
-``with_head=False`` also drops the ``lm_head`` (the extraction runs the decoder alone).
+Every step feeds text, so a wrapper is kept as its text causal LM (transformers' class for the ``text_config``, given
+the wrapper's decoder and ``lm_head``; vision tower and projector dropped before the model moves): the plain shape
+callers rely on (``model.model``, ``model.lm_head``, ``model.config.vocab_size``), with the same logits.
 """
 
 from __future__ import annotations

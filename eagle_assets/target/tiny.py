@@ -1,27 +1,21 @@
 """A tiny Llama-style target over the Kimi K2.5 vocabulary, built locally from a seed.
 
-The demo and the tests need a target model that exists without downloads, runs on two CPU cores, and
-sees exactly the token ids the real target sees (163,840 ids, ``<|im_end|>`` = 163586 ends a turn).
-It later generates the demo's responses and serves as the target of speculative-decoding tests, so
-its greedy output must depend on its input.
+The demo and the tests need a target that exists without downloads, runs on two CPU cores, sees the real target's
+token ids (163,840; ``<|im_end|>`` = 163586 ends a turn), and whose greedy output depends on its input.
 
-Why the init is not Hugging Face's default: with ``initializer_range=0.02`` everywhere the logits are nearly flat
-(entropy ≈ ln 163840 ≈ 12 nats), so a "target distribution" carries no signal for the draft's soft cross-entropy.
-``_init_weights`` draws every tensor from one ``torch.Generator`` (so a seed gives the same weights on any
-transformers version): embeddings std 1, so token identity is strong; projections ``proj_gain / sqrt(fan_in)``
-with ``proj_gain = 0.3``, so the next token is mostly decided by recent tokens but context matters (on random
-prompts the greedy next token equals the one-token-context prediction about 45% of the time and changes in about
-12% of cases when only the *first* prompt token changes; gain 1.0 is chaotic, 0.16 a bigram table); ``lm_head``
-std ``logit_std / sqrt(hidden)`` with ``logit_std = 6``, an LM-like distribution after the final RMSNorm (mean
-entropy ≈ 2.6 nats, mean top-1 probability ≈ 0.4).
+Why not Hugging Face's init: with ``initializer_range=0.02`` the logits are nearly flat (entropy ≈ ln 163840 ≈ 12
+nats), a target distribution with no signal for the draft's soft cross-entropy. ``init_weights`` draws every tensor
+from one seeded generator (the same weights on any transformers version): embeddings std 1, so token identity is
+strong; projections ``proj_gain / sqrt(fan_in)``, gain 0.3, so recent tokens mostly decide the next one but context
+matters (the greedy next token is the one-token-context prediction about 45% of the time, and the first prompt
+token alone changes it in about 12% of cases; gain 1.0 is chaotic, 0.16 a bigram table); ``lm_head`` std
+``logit_std / sqrt(hidden)``, 6, an LM-like distribution (mean entropy ≈ 2.6 nats, mean top-1 probability ≈ 0.4).
 
-Its output vocabulary is restricted to the ~36k plain-word ids of ``tokenization.safe_vocab`` (the other
-``lm_head`` rows are zero): the demo's responses are this model's greedy output turned into text by the simulator
-and tokenized again by the pipeline, and only for these ids is that round trip exact, so the data the draft trains
-on, the hidden states and the target it is benchmarked against are one model's behaviour. ``<|im_end|>`` is never
-chosen, so greedy responses run to ``max_new_tokens`` (``tests/hidden_states/test_tiny_target.py`` pins this and
-that continuations differ between prompts). Stored in float32 (about 84 MB) so that exactness tests need no
-up-casting; load it in bf16 when speed matters.
+The head is restricted to the ~36k plain-word ids of ``tokenization.safe_vocab`` (other rows zero): the demo's
+responses are its greedy output turned into text by the simulator and tokenized again, a round trip exact only for
+these ids, so the training data, the hidden states and the benchmark's target are one model's behaviour.
+``<|im_end|>`` is never chosen, so greedy responses run to ``max_new_tokens``. Stored in float32 (about 84 MB) so
+that exactness tests need no up-casting.
 """
 
 from __future__ import annotations
@@ -100,22 +94,26 @@ def tiny_config(spec: TinyTargetSpec) -> LlamaConfig:
     )
 
 
+def _std(name: str, shape: torch.Size, spec: Any) -> float:
+    if name.endswith("embed_tokens.weight"):
+        return spec.embed_std
+    if name.endswith("lm_head.weight"):
+        return spec.logit_std / math.sqrt(spec.hidden_size)
+    # Linear [out, in] and experts [E, out, in]: the input width; a convolution [out, c, h, w]: c*h*w.
+    fan_in = shape[-1] if len(shape) <= 3 else math.prod(shape[1:])
+    return spec.proj_gain / math.sqrt(fan_in)
+
+
 @torch.no_grad()
-def _init_weights(model: LlamaForCausalLM, spec: TinyTargetSpec) -> None:
-    # Sorted names + one generator: the weights are a function of the spec alone.
+def init_weights(model: torch.nn.Module, spec: Any) -> None:
+    """The recipe of the module doc for either tiny target (``spec``: its seed and gains)."""
+    # Sorted names + one generator: the weights are a function of the spec alone, whatever transformers' init order.
     gen = torch.Generator().manual_seed(spec.seed)
     for name, param in sorted(model.named_parameters(), key=lambda kv: kv[0]):
-        if name.endswith("norm.weight"):
-            param.fill_(1.0)
-        elif name.endswith("embed_tokens.weight"):
-            param.copy_(torch.randn(param.shape, generator=gen) * spec.embed_std)
-        elif name.endswith("lm_head.weight"):
-            param.copy_(torch.randn(param.shape, generator=gen) * (spec.logit_std / math.sqrt(spec.hidden_size)))
-        elif param.ndim == 2:
-            fan_in = param.shape[1]
-            param.copy_(torch.randn(param.shape, generator=gen) * (spec.proj_gain / math.sqrt(fan_in)))
+        if param.ndim == 1:  # norm weights 1, biases 0
+            param.fill_(0.0 if name.endswith("bias") else 1.0)
         else:
-            raise ValueError(f"unexpected parameter {name} with shape {tuple(param.shape)}")
+            param.copy_(torch.randn(param.shape, generator=gen) * _std(name, param.shape, spec))
 
 
 @torch.no_grad()
@@ -134,8 +132,12 @@ def make_tiny_target(spec: TinyTargetSpec | None = None) -> LlamaForCausalLM:
     """Build the model in memory (float32, eval mode)."""
     spec = spec or TinyTargetSpec()
     config = tiny_config(spec)
-    model = LlamaForCausalLM(config)
-    _init_weights(model, spec)
+    return finish_tiny_model(LlamaForCausalLM(config), spec)
+
+
+def finish_tiny_model(model: Any, spec: Any) -> Any:
+    """Weights from ``spec``, the plain-word head, Kimi's special ids for greedy generation; eval mode."""
+    init_weights(model, spec)
     if spec.text_safe_output:
         restrict_output(model)
     model.generation_config = GenerationConfig(
@@ -164,15 +166,15 @@ def _is_complete(path: Path, fingerprint: str) -> bool:
     return bool(files) and all((path / f).is_file() and (path / f).stat().st_size == n for f, n in files.items())
 
 
-def publish_tiny_model(path: str | Path, spec: Any, make: Callable[[], torch.nn.Module]) -> Path:
-    """Save ``make()`` to ``path`` (safetensors) unless a complete copy built from the same ``spec`` is there.
+def publish_tiny_model(path: str | Path, spec: Any, make: Callable[[Any], torch.nn.Module], seed: int = 0) -> Path:
+    """Save ``make(spec)`` to ``path`` unless a complete copy of the same ``spec`` (its ``fingerprint()``, recorded
+    with the file sizes in ``COMPLETE_MARKER``) is there; ``seed``, when not 0, must be the spec's.
 
-    ``spec`` is a dataclass with a ``fingerprint()``, recorded with the file sizes in ``COMPLETE_MARKER``.
-    Published as a new version of ``path`` (``durable_files.stage_directory``/``publish_directory``), so
-    ``path`` always resolves to a whole model, a crash never leaves a half-written one there, and a process
-    still loading the previous model keeps it. Concurrent builders each build their own copy; one that
-    finds a complete model published meanwhile discards its copy.
+    Published as a new version of ``path``: it always resolves to a whole model, a process still loading the
+    previous one keeps it, and of concurrent builders one that finds a model published meanwhile drops its copy.
     """
+    if spec.seed != seed and seed != 0:
+        raise ValueError("pass the seed either as `seed` or inside `spec`, not both")
     # Only the parent is resolved: ``path`` itself is the published link, never one version behind it.
     path = Path(path).expanduser()
     path = path.parent.resolve() / path.name
@@ -181,7 +183,7 @@ def publish_tiny_model(path: str | Path, spec: Any, make: Callable[[], torch.nn.
         return path
     staged = stage_directory(path)
     try:
-        model: Any = make()
+        model: Any = make(spec)
         with quiet_transformers():
             model.save_pretrained(staged, safe_serialization=True)
         files = {p.name: p.stat().st_size for p in staged.iterdir() if p.is_file()}
@@ -197,7 +199,4 @@ def publish_tiny_model(path: str | Path, spec: Any, make: Callable[[], torch.nn.
 
 def build_tiny_target(path: str | Path, seed: int = 0, spec: TinyTargetSpec | None = None) -> Path:
     """Save the tiny target to ``path`` unless a complete copy with the same spec is there (``publish_tiny_model``)."""
-    spec = spec or TinyTargetSpec(seed=seed)
-    if spec.seed != seed and seed != 0:
-        raise ValueError("pass the seed either as `seed` or inside `spec`, not both")
-    return publish_tiny_model(path, spec, lambda: make_tiny_target(spec))
+    return publish_tiny_model(path, spec or TinyTargetSpec(seed=seed), make_tiny_target, seed)

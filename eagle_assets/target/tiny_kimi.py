@@ -1,43 +1,32 @@
 """A tiny Kimi K2.5 target: the real release's architecture at toy size, built locally from a seed.
 
-The tiny Llama (``target/tiny.py``) exercises the pipeline; this one exercises the real target's *shape*
-everywhere the target is loaded or read: ``model_type: kimi_k25`` with ``architectures:
-["Kimi_K25ForConditionalGeneration"]`` (transformers' own ``kimi_k25`` classes), a vision tower and projector
-around a ``deepseek_v3`` text model, and in that text model what distinguishes DeepSeek-V3 from Llama:
+The tiny Llama (``tiny.py``) exercises the pipeline; this one exercises the real target's *shape* wherever the
+target is loaded or read: ``kimi_k25`` (transformers' own classes), a vision tower and projector around a
+``deepseek_v3`` text model with multi-head latent attention (keys and values of different widths in the KV cache,
+interleaved RoPE) and mixture of experts with a shared expert after a dense first layer, untied embeddings, and the
+checkpoint laid out as the release is (``language_model.model.…``, per-expert tensors).
 
-- multi-head latent attention (``q_lora_rank``/``kv_lora_rank``, separate ``qk_nope``/``qk_rope``/``v`` head
-  widths, interleaved RoPE), so the KV cache holds keys and values of different widths;
-- mixture of experts with a shared expert (sigmoid router with a correction bias, top-k of 8 routed experts,
-  ``routed_scaling_factor``) from layer 1 on, and a dense first layer (``first_k_dense_replace = 1``);
-- no tied embeddings, and the checkpoint laid out as the release is (``language_model.model.…``,
-  ``language_model.lm_head.weight``, per-expert tensors): ``save_pretrained`` writes transformers'
-  original-format keys.
-
-Sizes: hidden 64, 7 layers (aux [2, 3, 4] as for the tiny Llama), 4 heads with ``v_head_dim`` 16, the full Kimi
-vocabulary and its special ids. Weights follow the tiny Llama's recipe and reasons (``tiny.py``; the experts' 3-D
-tensors by their input width, biases 0). Measured on random plain-word prompts (seed 0): mean entropy 2.2 nats,
-mean top-1 probability 0.47, the greedy next token equals the one-token-context prediction 47% of the time and
-changes in 3% of cases when only the first prompt token changes (the tiny Llama: 2.6, 0.4, 45%, 12%).
+Sizes: ``TinyKimiSpec`` (7 layers: aux [2, 3, 4], as for the tiny Llama). Weights: the tiny Llama's recipe and
+reasons (``tiny.init_weights``). Measured on random plain-word prompts (seed 0): mean entropy 2.2 nats, mean top-1
+probability 0.47, the greedy next token equals the one-token-context prediction 47% of the time and changes in 3%
+of cases when only the first prompt token changes (the tiny Llama: 2.6, 0.4, 45%, 12%).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from eagle_assets.target.tiny import (
     KIMI_BOS_ID,
     KIMI_EOS_ID,
     KIMI_PAD_ID,
     KIMI_VOCAB_SIZE,
+    finish_tiny_model,
     publish_tiny_model,
-    restrict_output,
 )
 
 KIMI_MEDIA_PAD_ID = 163_605  # <|media_pad|>: the release's image_token_id
@@ -132,46 +121,14 @@ def tiny_kimi_config(spec: TinyKimiSpec) -> Any:
     )
 
 
-def _std(name: str, shape: torch.Size, spec: TinyKimiSpec) -> float:
-    if name.endswith("embed_tokens.weight"):
-        return spec.embed_std
-    if name.endswith("lm_head.weight"):
-        return spec.logit_std / math.sqrt(spec.hidden_size)
-    # Linear [out, in] and experts [E, out, in]: the input width; a convolution [out, c, h, w]: c*h*w.
-    fan_in = shape[-1] if len(shape) <= 3 else math.prod(shape[1:])
-    return spec.proj_gain / math.sqrt(fan_in)
-
-
-@torch.no_grad()
-def _init_weights(model: torch.nn.Module, spec: TinyKimiSpec) -> None:
-    # Sorted names + one generator: the weights are a function of the spec alone, whatever transformers' init order.
-    gen = torch.Generator().manual_seed(spec.seed)
-    for name, param in sorted(model.named_parameters(), key=lambda kv: kv[0]):
-        if param.ndim == 1:  # norm weights 1, biases 0
-            param.fill_(0.0 if name.endswith("bias") else 1.0)
-        else:
-            param.copy_(torch.randn(param.shape, generator=gen) * _std(name, param.shape, spec))
-
-
 def make_tiny_kimi_target(spec: TinyKimiSpec | None = None) -> Any:
     """Build the ``Kimi_K25ForConditionalGeneration`` in memory (float32, eval mode)."""
-    from transformers import GenerationConfig
     from transformers.models.kimi_k25 import Kimi_K25ForConditionalGeneration
 
     spec = spec or TinyKimiSpec()
-    model = Kimi_K25ForConditionalGeneration(tiny_kimi_config(spec))
-    _init_weights(model, spec)
-    if spec.text_safe_output:
-        restrict_output(model)
-    model.generation_config = GenerationConfig(
-        bos_token_id=KIMI_BOS_ID, eos_token_id=KIMI_EOS_ID, pad_token_id=KIMI_PAD_ID, do_sample=False
-    )
-    return model.eval()
+    return finish_tiny_model(Kimi_K25ForConditionalGeneration(tiny_kimi_config(spec)), spec)
 
 
 def build_tiny_kimi_target(path: str | Path, seed: int = 0, spec: TinyKimiSpec | None = None) -> Path:
     """Save the tiny Kimi K2.5 target to ``path`` unless a complete copy of the same spec is there (published whole)."""
-    spec = spec or TinyKimiSpec(seed=seed)
-    if spec.seed != seed and seed != 0:
-        raise ValueError("pass the seed either as `seed` or inside `spec`, not both")
-    return publish_tiny_model(path, spec, lambda: make_tiny_kimi_target(spec))
+    return publish_tiny_model(path, spec or TinyKimiSpec(seed=seed), make_tiny_kimi_target, seed)

@@ -1,10 +1,8 @@
 """The tiny targets built on this machine, by name: where each is kept, how it is built, the id stores record.
 
-``llama-tiny`` (``target/tiny.py``) is the default: the fastest on CPU. ``kimi-k25-tiny``
-(``target/tiny_kimi.py``) has the real target's architecture (a ``kimi_k25`` wrapper around a DeepSeek-V3
-text model with MLA and MoE) and checks every step that loads or reads the target against that shape. The
-target resource, the embedded simulator and the demo (``--target``) take these names; the simulator must
-answer with the same one the resource extracts from, so that the data is the target's own.
+``llama-tiny`` (``tiny.py``), the default, is the fastest on CPU; ``kimi-k25-tiny`` (``tiny_kimi.py``) has the real
+target's architecture. The target resource, the embedded simulator and the demo (``--target``) take these names; the
+simulator must answer with the one the resource extracts from, so that the data is the target's own.
 """
 
 from __future__ import annotations
