@@ -1,22 +1,12 @@
 """An AIMD concurrency limit: back off multiplicatively on 429s, regain additively on success.
 
-The upstream rate limit is unknown and moves, so the number of requests in flight follows what
-comes back: a gain of about ``increase_per_window`` for every window's worth of successes, and at
-most one halving per episode. An episode lasts about one round trip (the smoothed latency of
-successes, bounded by ``min_cooldown_s`` and ``cooldown_s``), as in TCP: the 429s of requests sent
-before the last decrease say nothing about the new window, and waiting much longer than a round trip
-lets a 2000-wide window hammer an overloaded server for seconds.
-
-An episode only halves the window when its congestion answers are more than ``loss_threshold`` of
-what came back in it (or of what was sent in it, if that is more) by more than chance gives: three
-standard deviations of a binomial at that rate. Providers return the odd 429 at random; halving on
-each (classic AIMD under random loss) collapses the window to a few dozen requests at a 3% 429 rate.
-Two effects of a long answer latency (tens of seconds on OpenRouter) make plain shares lie: a 429
-comes back at once while a success takes the whole answer, so in a run's first latency every answer
-is a fast 429 of the first wave (hence the sends in the denominator); and an episode is a slice of a
-round trip holding a handful of answers, where one 429 among five is 20% (hence the deviation). With
-shares alone the soak at 30 s latency halved 2,000 down to 63–173 in flight, regaining ~100 a round
-trip.
+The upstream rate limit is unknown and moves, so the window follows what comes back: a gain of about 5% of the
+maximum per window's worth of successes, and at most one halving per episode of about one round trip (the
+smoothed latency, as in TCP: the 429s of requests sent before the last decrease say nothing about the new window).
+An episode halves only when its congestion answers pass ``loss_threshold`` of what came back or was sent in it by
+three binomial standard deviations: providers return the odd 429 at random, a 429 comes back at once while a
+success takes the whole answer, and an episode holds a handful of answers. With plain shares the soak at 30 s
+latency halved 2,000 down to 63–173 in flight (docs/errors-and-billing.md).
 """
 
 import asyncio
@@ -26,32 +16,20 @@ from collections import deque
 
 
 class AdaptiveLimiter:
-    def __init__(
-        self,
-        maximum: int,
-        minimum: int = 4,
-        initial: int | None = None,
-        decrease_factor: float = 0.5,
-        increase_per_window: float | None = None,
-        cooldown_s: float = 2.0,
-        min_cooldown_s: float = 0.2,
-        loss_threshold: float = 0.1,
-        min_episode_samples: int = 5,
-    ) -> None:
+    decrease_factor = 0.5
+    min_episode_samples = 5
+
+    def __init__(self, maximum: int, minimum: int = 4, cooldown_s: float = 2.0, loss_threshold: float = 0.1) -> None:
         if maximum < 1 or minimum < 1 or minimum > maximum:
             raise ValueError("need 1 <= minimum <= maximum")
-        if not 0.0 < decrease_factor < 1.0:
-            raise ValueError("decrease_factor must be in (0, 1)")
         self.maximum = maximum
         self.minimum = minimum
-        self.limit = float(initial if initial is not None else maximum)
-        self.decrease_factor = decrease_factor
-        self.increase_per_window = increase_per_window or max(1.0, maximum * 0.05)
+        self.limit = float(maximum)
+        self.increase_per_window = max(1.0, maximum * 0.05)
         self.cooldown_s = cooldown_s
-        self.min_cooldown_s = min(min_cooldown_s, cooldown_s)
+        self.min_cooldown_s = min(0.2, cooldown_s)
         self.latency_ewma: float | None = None
         self.loss_threshold = loss_threshold
-        self.min_episode_samples = min_episode_samples
         self.in_flight = 0
         self.decreases = 0
         self._window_start: float | None = None
@@ -112,10 +90,8 @@ class AdaptiveLimiter:
         self._record(True, time.monotonic() if now is None else now)
 
     def _congested_beyond_chance(self, seen: int) -> bool:
-        """More congestion answers than ``loss_threshold`` of ``seen`` plus three standard deviations of a
-        binomial at that rate: an episode of a round trip's slice holds a few answers, and one 429 among five
-        is no evidence (at a 30 s latency there are 15 episodes a round trip: chance halvings outran the gain
-        of ~100 a round trip); a storm (most answers 429s) passes it at any size."""
+        """More congestion answers than ``loss_threshold`` of ``seen`` plus three binomial standard deviations: one
+        429 among five answers is no evidence, a storm (most answers 429s) passes it at any size."""
         p = self.loss_threshold
         return self._window_congested > p * seen + 3.0 * math.sqrt(seen * p * (1.0 - p))
 

@@ -1,19 +1,11 @@
 """A named single-writer lease in the ledger's database, for writers that ``flock`` alone cannot keep apart.
 
-``flock`` keeps two writers on one machine apart, but an NFS mount with ``nolock`` or ``local_lock`` makes it
-per client: two hosts would both "hold" it. Every writer that must be alone on a shared folder (a partition's
-journal, the corpus merge, a hidden-state store's index) therefore also takes a lease, by name, in the ledger's
-database (PostgreSQL across hosts, the SQLite ledger on one machine: one code path either way):
-
-- the lease is held by a ledger owner, so it lives exactly as long as that owner's heartbeat;
-- each take-over bumps the name's *fencing token*; ``check`` confirms in the database, before a write, that
-  the token is still ours and our owner's lease has time left (else ``lost_error``);
-- a second writer finds the lease held and either waits for it to be given back (``wait_for_live``: short
-  critical sections, as ``flock`` waited) or fails; a holder whose heartbeat stopped (a SIGKILLed host) is
-  taken over once its lease has run out. Either way a refusal names the holder: owner, pid, host, since when.
-
-Folder writers take it through ``folder_lease.exclusive``. The table (``partition_leases``) is the ledger's
-(``ledger.schema``), and the ledger frees a gone owner's leases itself (``ledger.owners``).
+An NFS mount with ``nolock`` or ``local_lock`` makes ``flock`` per client, so every writer that must be alone on a
+shared folder (a partition's journal, the corpus merge, a hidden-state store's index) also takes a lease by name,
+held by a ledger owner (it lives as long as that owner's heartbeat). Each take-over bumps the name's *fencing
+token*, and ``check`` confirms before a write that the token is still ours with time left on our lease. A second
+writer waits for the lease to be given back (``wait_for_live``: short critical sections) or fails; a holder whose
+heartbeat stopped (a SIGKILLed host) is taken over once its lease ran out. A refusal names the holder.
 """
 
 import time
@@ -50,11 +42,11 @@ class DatabaseLease:
         ledger: "OwnersRole",
         name: str,
         *,
-        what: str | None = None,
+        what: str,
         wait_s: float | None = None,
         wait_for_live: bool = True,
     ) -> None:
-        self.ledger, self.name, self.what = ledger, name, what or f"lease {name}"
+        self.ledger, self.name, self.what = ledger, name, what
         # Waiting for a live holder: as long as asked. Otherwise long enough for a SIGKILLed holder's lease to run
         # out, with two heartbeats to spare.
         default_wait = DEFAULT_WAIT_S if wait_for_live else ledger.lease_s * (1 + 2 / 6) + 1.0

@@ -1,10 +1,8 @@
 """Is a ledger owner still there? A heartbeat lease, with a pid check only where a pid means something.
 
-On one machine a process that died is seen at once by its pid. Across hosts a pid means nothing (another
-host's live process looks dead here, and a dead one may share a live local pid), so every owner renews a
-lease on the database's clock: an owner whose heartbeat is older than its lease is dead wherever it ran.
-The pid shortcut applies only to owners of the same *pid space*: same boot of the same kernel and same
-pid namespace, so two containers on one node never judge each other by pid.
+Across hosts a pid means nothing, so every owner renews a lease on the database's clock: an owner whose heartbeat
+is older than its lease is dead wherever it ran. The pid shortcut (a death seen at once) applies only within one
+*pid space*: same boot of the same kernel and same pid namespace, so two containers never judge each other by pid.
 """
 
 import logging
@@ -78,9 +76,8 @@ def why_dead(row: OwnerRecord, *, here: str, now: float) -> str | None:
 class Heartbeat:
     """Renews one owner's lease from a thread of its own, so a busy event loop never lets it lapse.
 
-    ``beat`` runs one renewal and answers whether the owner's row is still there; once it is not (another
-    host found the lease expired and charged what was open), the owner is *lost* for good: everything
-    that checks ``lost`` must stop, since its slots and reservations now belong to no one.
+    Once ``beat`` finds the owner's row gone (another host found the lease expired and charged what was open),
+    the owner is *lost* for good: its slots and reservations belong to no one, and whatever checks ``lost`` stops.
     """
 
     def __init__(self, beat: Callable[[], bool], interval_s: float, name: str = "ledger-heartbeat") -> None:

@@ -1,13 +1,9 @@
 """One writer per partition across hosts: the named lease of ``database_lease`` (the partition key is its name).
 
-A run takes it before it opens the journal (before it even truncates a torn tail) and checks it before every append
-(``FenceLostError``: a run that was declared dead never appends after a successor began). A second run fails at once
-(``PartitionBusyError``) while the holder is alive in this pid space or its heartbeat moves while we watch; if the
-heartbeat stands still, it waits for the lease to expire (a SIGKILLed host), charges what the dead holder had open,
-and takes over.
-
-What remains assumed: that a writer is not paused for longer than the safety margin (a third of the lease)
-between its check and its write. No file system offers more without its own fencing.
+A run takes it before it opens the journal (which may truncate a torn tail) and checks it before every append. A
+second run fails at once while the holder is alive in this pid space or its heartbeat moves while we watch; if the
+heartbeat stands still, it waits for the lease to expire, charges what the dead holder had open, and takes over.
+Still assumed: no writer pauses longer than a third of the lease between its check and its write.
 """
 
 from typing import TYPE_CHECKING, ClassVar
@@ -35,5 +31,5 @@ class PartitionFence(DatabaseLease):
     lost_error: ClassVar[type[Exception]] = FenceLostError
     held_phrase: ClassVar[str] = "is being written by another run"
 
-    def __init__(self, ledger: "OwnersRole", partition: str, wait_s: float | None = None) -> None:
-        super().__init__(ledger, partition, what=f"partition {partition}", wait_s=wait_s, wait_for_live=False)
+    def __init__(self, ledger: "OwnersRole", partition: str) -> None:
+        super().__init__(ledger, partition, what=f"partition {partition}", wait_for_live=False)

@@ -89,6 +89,6 @@ class BudgetLedger(ReservationsRole, UncertainRole, KeyUsageRole):
         self.heartbeat = Heartbeat(self._beat, interval_s=self.lease_s / 6)
         self.recover_dead_owners()
 
-    def partition_fence(self, partition: str, wait_s: float | None = None) -> PartitionFence:
+    def partition_fence(self, partition: str) -> PartitionFence:
         """The database lease that makes this process the only writer of ``partition``'s journal."""
-        return PartitionFence(self, partition, wait_s=wait_s)
+        return PartitionFence(self, partition)
