@@ -1,9 +1,5 @@
-"""Checkpoint file mechanics: atomic writes, the ``latest.json`` pointer, RNG states as plain values.
-
-Atomic = temporary file in the same directory, fsync, ``os.replace``, fsync of the directory: a
-crash leaves either the old file or the new one, never a torn one, and ``latest.json`` is only
-moved once the checkpoint it names is durable.
-"""
+"""Checkpoint file mechanics: atomic writes (``durable_files``: a crash leaves the old file or the new one, and
+``latest.json`` moves only once the checkpoint it names is durable), the pointer, RNG states as plain values."""
 
 from __future__ import annotations
 
@@ -52,11 +48,6 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
 def atomic_torch_save(obj: Any, path: Path) -> None:
     with atomic_file(path, "wb") as f:
         torch.save(obj, f)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    with atomic_file(path, "w") as f:
-        f.write(text)
 
 
 def latest_checkpoint(directory: str | Path) -> Path | None:

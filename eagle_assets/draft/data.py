@@ -1,16 +1,12 @@
 """Training rows for the draft, and the deterministic order the trainer visits them in.
 
-A dataset is anything with ``__len__`` and ``__getitem__(i) -> dict`` holding ``input_ids`` [T],
-``loss_mask`` [T] and, for offline training, ``aux`` [T, n_aux*H] and ``last`` [T, H]. Online
-training (features computed by the target during training) needs only the first two. ``StoreDataset`` is
-duck-typed on ``eagle_assets.hidden_states.store.HiddenStateStore`` (``__len__``/``__getitem__``).
+A dataset has ``__len__`` and ``__getitem__(i) -> dict`` with ``input_ids`` [T], ``loss_mask`` [T] and, offline,
+``aux`` [T, n_aux*H] and ``last`` [T, H] (a hidden-state store reader); online rows need only the first two.
 
-Order: each epoch is one permutation of the indices drawn from ``(seed, epoch)`` alone, cut into
-global batches of ``world_size × grad_accum × batch_size`` rows; the incomplete tail is dropped so
-that every optimizer step sees the same number of rows. Because the order is a pure function of
-(seed, epoch, batch index), a checkpoint only needs those three numbers to resume exactly, and a
-single process with a ``world_size``-times larger batch sees the same global batches as a
-data-parallel run.
+Each epoch is one permutation drawn from ``(seed, epoch)`` alone, cut into global batches of ``world_size ×
+grad_accum × batch_size`` rows, the incomplete tail dropped so that every optimizer step sees as many rows. The
+order is a pure function of (seed, epoch, batch index): a checkpoint resumes exactly from those three numbers, and
+one process with a ``world_size``-times larger batch sees the same global batches as a data-parallel run.
 """
 
 from __future__ import annotations
@@ -106,13 +102,9 @@ class TokenDataset:
 
 
 class SyntheticDataset:
-    """Seeded in-memory rows whose target is learnable.
-
-    Tokens follow a sparse random Markov chain; features are fixed random functions of the current
-    token plus noise (``aux`` of the token itself, ``last`` = ``L[x_t]``), and ``target_head()`` is a
-    random linear map, so the target's next-token distribution at t is a function of ``x_t`` that a
-    draft can learn from its embedding input. The mask covers a random suffix (the "assistant turn").
-    """
+    """Seeded in-memory rows whose target is learnable: tokens follow a sparse random Markov chain, features are
+    fixed random functions of the current token plus noise and ``target_head()`` a random linear map, so the
+    target's next-token distribution at t is a function of ``x_t`` a draft can learn; the mask covers a suffix."""
 
     def __init__(
         self,

@@ -33,22 +33,21 @@ _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.floa
 log = logging.getLogger(__name__)
 
 
+def _offset(engine: str) -> int:
+    """What an engine adds to the layer ids it reads (SGLang +1, vLLM none) to get HF indices."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    return 1 if engine == "sglang" else 0
+
+
 def engine_layer_ids(hf_indices: tuple[int, ...], engine: str) -> list[int]:
     """The ids an engine must read to capture the HF ``output_hidden_states`` indices ``hf_indices``."""
-    if engine == "sglang":
-        return [i - 1 for i in hf_indices]
-    if engine == "vllm":
-        return list(hf_indices)
-    raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    return [i - _offset(engine) for i in hf_indices]
 
 
 def hf_layer_ids(ids: list[int], engine: str) -> tuple[int, ...]:
     """Inverse of ``engine_layer_ids``: what an engine captures for the ids it read."""
-    if engine == "sglang":
-        return tuple(i + 1 for i in ids)
-    if engine == "vllm":
-        return tuple(ids)
-    raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    return tuple(i + _offset(engine) for i in ids)
 
 
 class EngineEmbeddingWarning(EagleForgeWarning):
@@ -125,12 +124,6 @@ def export_config(config: Eagle3Config, *, dtype: torch.dtype = torch.bfloat16) 
     }
 
 
-def write_config(folder: str | Path, config: Eagle3Config, *, dtype: torch.dtype) -> None:
-    path = Path(folder) / "config.json"
-    path.write_text(json.dumps(export_config(config, dtype=dtype), indent=2))
-    path.chmod(FILE_MODE)
-
-
 def _export_tensors(model: Eagle3Draft, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     out = {}
     for name, t in model.checkpoint_state_dict().items():
@@ -142,12 +135,6 @@ def _export_tensors(model: Eagle3Draft, dtype: torch.dtype) -> dict[str, torch.T
         else:
             t = t.to(dtype)
         out[name] = t.contiguous()
-    c = model.config
-    if c.target_hidden_size != c.hidden_size and "embed_tokens.weight" not in out:
-        raise ValueError(
-            f"refusing to export: target_hidden_size {c.target_hidden_size} != hidden_size {c.hidden_size} and "
-            "no embed_tokens.weight (SGLang would serve an uninitialised embedding)"
-        )
     return out
 
 
@@ -168,7 +155,7 @@ def export_draft(model: Eagle3Draft, out_dir: str | Path, *, dtype: torch.dtype 
     out = Path(out_dir).expanduser().absolute()
     with publishing_directory(out) as staged:
         save_file(_export_tensors(model, dtype), str(staged / WEIGHTS), metadata={"format": "pt"})
-        write_config(staged, model.config, dtype=dtype)
+        (staged / "config.json").write_text(json.dumps(export_config(model.config, dtype=dtype), indent=2))
         for f in staged.iterdir():
             f.chmod(FILE_MODE)
         staged.chmod(DIR_MODE)

@@ -107,13 +107,10 @@ class Eagle3Config:
         aux_layer_ids: tuple[int, ...] | None = None,
         **overrides: Any,
     ) -> Eagle3Config:
-        """Size the draft from the target's config (an HF config object or a parsed ``config.json``).
-
-        Width, MLP size, head counts, vocabulary, norm epsilon, RoPE base and context follow the target, as the
-        reference drafts do; a vision-language wrapper (Kimi K2.5) is read through its ``text_config``. An MLA
-        target's (DeepSeek-V3, Kimi K2/K2.5) head width is its ``v_head_dim``: transformers' ``head_dim`` there is
-        the RoPE sub-dimension (64), while the published Kimi-K2 EAGLE-3 drafts (SpecForge
-        ``configs/kimi-k2-eagle3.json``, AQ-MedAI/Kimi-K2-Instruct-eagle3) use 64 heads x 128, MLP 18432.
+        """Size the draft from the target's config (an HF config object or a parsed ``config.json``, a wrapper's
+        ``text_config``), as the reference drafts do. An MLA target's (DeepSeek-V3, Kimi K2/K2.5) head width is its
+        ``v_head_dim``: transformers' ``head_dim`` there is the RoPE sub-dimension (64), while the published Kimi-K2
+        EAGLE-3 drafts (SpecForge ``configs/kimi-k2-eagle3.json``, AQ-MedAI/Kimi-K2-Instruct-eagle3) use 64 x 128.
         """
         cfg = _field(target_config, "text_config") or target_config
         n_layers = int(_field(cfg, "num_hidden_layers"))
@@ -308,9 +305,6 @@ class Eagle3Draft(nn.Module):
         """Target features [.., n_aux*H_target] → the draft's step-0 hidden state."""
         return self.fc(aux.to(self.fc.weight.dtype))
 
-    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        return rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, dtype)
-
     def step(
         self, hidden: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor, attend: Attend
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -323,7 +317,7 @@ class Eagle3Draft(nn.Module):
     ) -> torch.Tensor:
         """``step`` without the head: the next hidden state only (training computes logits where a loss reads them)."""
         emb = self.embed_tokens(input_ids).to(hidden.dtype)
-        cos, sin = self.rope(positions, hidden.dtype)
+        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, hidden.dtype)
         return self.midlayer(emb, hidden, cos, sin, attend)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

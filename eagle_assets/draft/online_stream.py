@@ -1,16 +1,11 @@
 """Online features: the target computes each batch's aux and last states while the draft trains, nothing stored.
 
-What the mode is for and what it guarantees (resume, memory, the fidelity gate): docs/draft-and-benchmark.md,
-"Offline or online features". The stream decides three things, and only these: which rows are computed, in the
-trainer's own order (``Trainer.micro_batch_rows``) from wherever it stands; how far ahead (one background thread,
-a queue of ``depth`` entries that blocks when the trainer is that far behind); and what runs before the first
-optimizer step (``gate`` sees the first positions' features, enough rows for the calibration, and a gate that
-raises stops the run there).
-
-The per-batch function is the extraction's (``RowFeatures``: rows and their dataset indices in, one
-``{"aux": [L, n_aux*H], "last": [L, H]}`` per row out), bound to a backend outside this package
-(``eagle_assets.hidden_states.online_features``). Features are cast to ``dtype`` as ``StoreDataset`` casts a
-store's (float32 by default).
+What the mode is for and guarantees: docs/draft-and-benchmark.md, "Offline or online features". The stream decides
+only which rows are computed (the trainer's own order, ``Trainer.micro_batch_rows``, from wherever it stands), how
+far ahead (one thread, a queue of ``depth`` that blocks when the trainer is that far behind), and what runs before
+the first optimizer step (``gate`` sees enough first rows for the calibration; a gate that raises stops the run).
+The per-batch function (``RowFeatures``) is bound to a backend outside this package
+(``eagle_assets.hidden_states.online_features``); features are cast to ``dtype`` as ``StoreDataset`` casts a store's.
 """
 
 from __future__ import annotations

@@ -32,14 +32,6 @@ if TYPE_CHECKING:  # only a type here: transformers is imported where a model is
     from transformers import PreTrainedModel
 
 
-def _position_rates(accepted: Sequence[int], k: int) -> list[float]:
-    rates = []
-    for j in range(k):
-        reached = sum(1 for n in accepted if n >= j)
-        rates.append(sum(1 for n in accepted if n > j) / reached if reached else 0.0)
-    return rates
-
-
 class _Rounds:
     accepted: list[int]  # accepted draft tokens per verification round
     num_draft_tokens: int
@@ -50,7 +42,11 @@ class _Rounds:
 
     @property
     def position_accept_rate(self) -> list[float]:
-        return _position_rates(self.accepted, self.num_draft_tokens)
+        rates = []
+        for j in range(self.num_draft_tokens):
+            reached = sum(1 for n in self.accepted if n >= j)
+            rates.append(sum(1 for n in self.accepted if n > j) / reached if reached else 0.0)
+        return rates
 
 
 @dataclass

@@ -1,14 +1,10 @@
 """What the draft needs from a Hugging Face target: aux features, the last hidden state, its frozen head.
 
-Aux layer ids are HF ``output_hidden_states`` indices (``eagle_assets/hidden_states/layers.py``). The last hidden
-state is HF's ``hidden_states[-1]``, *after* the final norm for Llama-style models, so the target's logits are
-``lm_head(last)``; a store that keeps the pre-norm state needs ``norm`` too (``load_target_head(path, "pre_norm")``).
-
-``TargetHead`` lives here, once, for every reader of a store: the trainer, the hidden-state fidelity checks and the
-extraction tests recompute the target's logits from the stored last state with it. The store keeps one H-wide
-vector per token instead of vocabulary-sized logits, and loading only ``lm_head`` (and the final norm) costs
-~2.3 GB in bf16 for Kimi K2.5 instead of the whole model. The trainer also takes anything else mapping
-``last -> logits``.
+The last hidden state is HF's ``hidden_states[-1]``, after the final norm, so the target's logits are
+``lm_head(last)``; a pre-norm store needs the norm too (``load_target_head(path, "pre_norm")``). ``TargetHead`` is
+the one way every reader of a store (the trainer, the fidelity checks, the extraction tests) recomputes the target's
+logits: a store keeps one H-wide vector per token instead of vocabulary-wide logits, and only ``lm_head`` and the
+norm are loaded (~2.3 GB in bf16 for Kimi K2.5, not the whole model).
 """
 
 from __future__ import annotations

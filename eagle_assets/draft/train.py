@@ -38,7 +38,6 @@ from eagle_assets.draft import distributed as du
 from eagle_assets.draft.checkpoint import (
     LATEST,
     atomic_torch_save,
-    atomic_write_text,
     latest_checkpoint,
     rng_state,
     set_rng_state,
@@ -57,6 +56,7 @@ from eagle_assets.draft.ttt import (
     target_distribution,
     ttt_forward,
 )
+from eagle_assets.durable_files import atomic_write_text
 
 CHECKPOINT_FORMAT = "eagle-forge-draft-checkpoint"
 CHECKPOINT_VERSION = 1

@@ -11,21 +11,19 @@ target distribution   ``softmax(z_{t+1+k}[t2d])`` (it predicts ``x_{t+2+k}``)
 loss mask             ``loss_mask[t+2+k]`` × ``t2d[argmax z_{t+1+k}]``
 ====================  =============================================================
 
-So at step 0 the hidden state of position t with the embedding of token t+1 predicts token t+2, and
-each step moves the whole sequence one token further. The loss mask is taken at the *predicted*
-token (an assistant token is what the draft will be asked to guess); the references differ on this
-shift by one or two positions, which only matters at turn boundaries.
+So at step 0 the hidden state of position t with the embedding of token t+1 predicts token t+2, and each step
+moves the whole sequence one token further. The loss mask is taken at the *predicted* token (an assistant token is
+what the draft will be asked to guess); the references differ on this by one or two positions, at turn boundaries.
 
-Attention at step k, query index t: the step-0 keys at indices ``s <= t`` (causal) and, from every step ``1..k``,
-only the key at index t (the diagonal): exactly what the draft sees when it drafts k tokens after position t at
-inference. ``ttt_attention_mask`` spells the mask out; ``attn_impl="eager"`` computes it without materialising it,
-``"sdpa"`` concatenates the steps' KV and passes the explicit mask to ``scaled_dot_product_attention``
-(memory-efficient kernels on GPU). Both are exact; the tests check them against each other and the inference cache.
+Attention at step k, query index t: the step-0 keys at ``s <= t`` (causal) and, from each step ``1..k``, only the key
+at t (the diagonal): what the draft sees when it drafts k tokens after position t at inference.
+``ttt_attention_mask`` spells the mask out; ``attn_impl="eager"`` computes it without materialising it, ``"sdpa"``
+passes it to ``scaled_dot_product_attention`` over the steps' concatenated KV (memory-efficient kernels on GPU).
 
-Loss per step: soft cross-entropy ``-Σ p log q`` summed over masked positions, divided by a per-step denominator
-(the local count of loss-masked positions, or the trainer's global counts, so that data-parallel and accumulated
-batches weigh every token equally), weighted ``0.8^k``. Accuracy per step: ``d2t(argmax draft) == argmax z`` over
-loss-masked positions (a target top-1 outside the draft vocabulary is a miss, as it is a rejection at inference).
+Loss per step: soft cross-entropy ``-Σ p log q`` over masked positions, divided by a per-step denominator (the local
+count of loss-masked positions, or the trainer's global counts, so that data-parallel and accumulated batches weigh
+every token equally), weighted ``0.8^k``. Accuracy per step: ``d2t(argmax draft) == argmax z`` over loss-masked
+positions (a target top-1 outside the draft vocabulary is a miss, as it is a rejection at inference).
 """
 
 from __future__ import annotations
@@ -125,10 +123,9 @@ def target_distribution(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(softmax of the target logits over the draft vocabulary [B,T,N] fp32, target top-1 [B,T]).
 
-    Chunked over tokens so that only ``chunk_tokens`` × V logits exist at a time (V = 163,840 for Kimi).
-    ``needed`` ([B,T] bool, see ``needed_target_positions``) limits the head to the positions some
-    TTT step reads; the others get zeros (never read: their loss weight is 0). The head over the full
-    target vocabulary dominates a CPU step, and prompt and padding positions are most of a batch.
+    Chunked so that only ``chunk_tokens`` × V logits exist at a time (V = 163,840 for Kimi). ``needed``
+    (``needed_target_positions``) limits the vocabulary-wide head, which dominates a CPU step, to the positions a
+    TTT step reads; the others (prompt and padding, most of a batch) get zeros, never read.
     """
     b, t, h = last.shape
     n = used_ids.numel()
@@ -152,11 +149,7 @@ def target_distribution(
         probs.append(torch.softmax(used, dim=-1))
     p = torch.cat(probs) if probs else last.new_zeros(0, n, dtype=torch.float32)
     top = torch.cat(tops) if tops else torch.zeros(0, dtype=torch.int64, device=last.device)
-    if rows is None:
-        if not probs:
-            return last.new_zeros(b, t, n, dtype=torch.float32), torch.zeros(
-                b, t, dtype=torch.int64, device=last.device
-            )
+    if rows is None:  # every position (an empty batch views as its empty shape)
         return p.view(b, t, n), top.view(b, t)
     full_p = last.new_zeros(b * t, n, dtype=torch.float32)
     full_top = torch.zeros(b * t, dtype=torch.int64, device=last.device)

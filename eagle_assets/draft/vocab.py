@@ -1,17 +1,13 @@
 """The draft vocabulary: the N target ids the draft's ``lm_head`` can emit, and the maps to and from them.
 
-A 163,840-wide ``lm_head`` would dominate the draft's cost, so EAGLE-3 keeps the N (typically 32,000) ids that
-occur most often in what the draft must predict (the loss-masked tokens). Both serving engines consume the same
-two tensors: ``d2t`` [N] int64, ``target_id = i + d2t[i]`` for draft id ``i`` (an offset, as SGLang and vLLM
-load it), and ``t2d`` [V] bool, whether a target id is in the draft vocabulary (the trainer masks positions whose
-target top-1 is outside it; the engines ignore it). The kept ids are sorted ascending, so ``d2t`` is
-non-decreasing and ``t2d.nonzero()`` lists the ids in draft order.
+A 163,840-wide ``lm_head`` would dominate the draft's cost, so EAGLE-3 keeps the N (typically 32,000) ids most
+frequent among the loss-masked tokens. Both engines load ``d2t`` [N] int64 (``target_id = i + d2t[i]``) and ``t2d``
+[V] bool (in the draft vocabulary or not; the trainer masks positions whose target top-1 is outside it). The kept
+ids are sorted ascending, so ``t2d.nonzero()`` lists them in draft order.
 
-Fewer distinct tokens than N (small corpora, tests): the ranking key is (count descending, id ascending), so the
-vocabulary is padded with the lowest unseen ids. That keeps the map deterministic and full-size (the exported
-``draft_vocab_size`` must equal the ``lm_head`` rows the engines allocate); the padded rows are never targets, so
-training pushes their logits down. ``force_ids`` (e.g. the end-of-turn token) are always kept, displacing the
-least frequent ids.
+With fewer distinct tokens than N, ranking by (count descending, id ascending) pads with the lowest unseen ids: the
+map stays deterministic and full-size (the exported ``draft_vocab_size`` must equal the ``lm_head`` rows the engines
+allocate), and the padded rows, never targets, are trained down. ``force_ids`` (the end-of-turn token) always stay.
 """
 
 from __future__ import annotations
