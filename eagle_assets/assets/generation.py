@@ -40,7 +40,7 @@ def fetch_native_counts(
     dataset: str,
     shard: str,
     openrouter: OpenRouterResource,
-    before_write: Callable[[], None] = lambda: None,
+    before_write: Callable[[], None],
 ) -> int:
     """The provider's own completion counts for a sample of kept responses, beside the partition.
     ``before_write``: the partition fence's check, right before the sidecar is replaced."""
@@ -180,9 +180,7 @@ def publish_generation(
     if report.stop_reason == "failures":
         raise fail(f"{report.stop_detail} ({report.done} of {report.total} done)", meta)
     if report.stop_reason not in ("completed", "tokens"):
-        # Every StopReason the runner gives is handled above: this one is new to this asset. It must not pass
-        # as success, and a retry would meet it again, so it is final like the others; the journal keeps what
-        # was bought, and a rerun once the reason is handled resumes from it.
+        # A StopReason new to this asset must not pass as success; the journal keeps what was bought.
         raise fail(
             f"generation stopped for a reason this asset does not handle ({report.stop_reason!r}):"
             f" {report.stop_detail or 'no detail'} ({report.done} of {report.total} done)",

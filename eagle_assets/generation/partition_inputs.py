@@ -1,10 +1,8 @@
 """What one generation partition asks: the dataset's source read, checked and cut down to the shard.
 
-In order, and before anything is spent: the source is resolved (a Hub split pinned to its commit),
-the format is detected (or the configured one checked against the columns), the whole set is
-scanned once (cached) and refused when too many rows are unusable, then the shard's rows are read
-in the shuffled asking order. A shard that yields nothing from a non-empty source is an error
-naming why, never a partition that "succeeds" with 0 rows.
+Before anything is spent: the source resolved (a Hub split pinned to its commit), its format detected, the whole
+set scanned once (cached) and refused when too many rows are unusable, then the shard's rows read in the shuffled
+asking order. A shard that yields nothing is an error naming why, never a partition that "succeeds" with 0 rows.
 """
 
 from collections.abc import Callable
@@ -48,15 +46,23 @@ class PartitionInputs:
         return {1: len(self.prompts)} if self.prompts else {}
 
 
-def partition_inputs(
-    spec: DatasetSpec, shard_key: str, cache_dir: Path, progress: Callable[[str], None] | None = None
-) -> PartitionInputs:
-    """Resolve, detect, scan (refusing a bad set), and read the shard; raises with the reason on every refusal."""
+def scanned_source(
+    spec: DatasetSpec, cache_dir: Path, progress: Callable[[str], None] | None = None
+) -> tuple[ResolvedSource, RowFormat, ScanSummary, bool]:
+    """The source resolved, its format detected and the whole set scanned (cached); refuses a set too broken to use."""
     source = spec.resolve()
     columns, sample = source.columns()
     fmt = detect_format(columns, sample, spec.format, dict(spec.columns))
     scan, cached = load_or_scan(cache_dir, spec.name, source, fmt, spec.regenerate, spec.max_turns, progress)
     check_quality(scan, spec.max_bad_fraction, spec.name)
+    return source, fmt, scan, cached
+
+
+def partition_inputs(
+    spec: DatasetSpec, shard_key: str, cache_dir: Path, progress: Callable[[str], None] | None = None
+) -> PartitionInputs:
+    """Scan (refusing a bad set) and read the shard; raises with the reason on every refusal."""
+    source, fmt, scan, cached = scanned_source(spec, cache_dir, progress)
     shard = int(shard_key)
     if shard * spec.shard_size >= scan.rows:
         raise EmptyPartitionError(

@@ -1,8 +1,6 @@
 """Partition runs through the OpenRouter resource: its configuration turned into the engine's settings, the
 ledger and the tokenizer opened, the runner started; and the account's money and the providers' own counts.
-
-Generation logic that takes the resource as an argument (why: ``resources.openrouter.resource``). The assets, the
-plan and the credits sensor call these functions with the resource Dagster gave them.
+The assets, the plan and the credits sensor call these with the resource Dagster gave them.
 """
 
 import asyncio
@@ -111,9 +109,7 @@ def account_snapshot(openrouter: OpenRouterResource, observed_by: str) -> Accoun
         )
 
 
-def native_completion_counts(
-    openrouter: OpenRouterResource, generation_ids: dict[str, str], attempts: int = 3
-) -> dict[str, int]:
+def native_completion_counts(openrouter: OpenRouterResource, generation_ids: dict[str, str]) -> dict[str, int]:
     """prompt id → ``native_tokens_completion`` from ``/generation`` (free calls; a 404 is retried briefly,
     since OpenRouter needs a moment to index a finished generation, then skipped)."""
     if not generation_ids:
@@ -127,7 +123,7 @@ def native_completion_counts(
 
             async def one(prompt_id: str, gen_id: str) -> None:
                 async with gate:
-                    for attempt in range(attempts):
+                    for attempt in range(3):
                         data = await client.generation(gen_id)
                         if data is not None and data.get("native_tokens_completion") is not None:
                             out[prompt_id] = int(data["native_tokens_completion"])

@@ -1,13 +1,9 @@
 """What is still to be asked of a dataset, in the order generation asks it: for the plan and its pilot.
 
-Counting is cheap (the dataset's whole-set scan says how many requests it has, every turn of an
-``every_turn`` conversation included; the journals say which are done). Prompt lengths are exact but
-only read as far as the plan needs them: shards are opened one after the other until enough pending
-requests are in hand, so a 10M-token target over a 100,000-prompt file renders ~3,000 prompts.
-
-A later turn of an ``every_turn`` conversation carries the earlier answers as history, which are not
-bought yet: its length is the turn's own messages rendered with empty answers, plus the expected
-answer length for each earlier turn (an upper side: the history drops reasoning).
+Counting is cheap (the whole-set scan and the journals); prompt lengths are exact but read only as far as the plan
+needs them, shard after shard. A later ``every_turn`` turn carries answers not bought yet: its length is its own
+messages with empty answers, plus the expected answer length for each earlier turn (an upper side: the history
+drops reasoning).
 """
 
 from collections.abc import Callable, Iterator
@@ -15,11 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eagle_assets.datasets.config import DatasetSpec
-from eagle_assets.datasets.dataset_scan import check_quality, load_or_scan
-from eagle_assets.datasets.formats import detect_format
 from eagle_assets.datasets.prompts import Conversation, Prompt
 from eagle_assets.datasets.regeneration import turn_prompt_id, turn_request
-from eagle_assets.generation.partition_inputs import partition_inputs
+from eagle_assets.generation.partition_inputs import partition_inputs, scanned_source
 from eagle_assets.generation.plan_inputs import JournalFacts, journal_facts
 from eagle_assets.generation.turn_chains import TurnChains
 
@@ -104,11 +98,7 @@ class DatasetQueue:
 
 def dataset_queue(spec: DatasetSpec, cache_dir: Path, journal_path: JournalPath) -> DatasetQueue:
     """The dataset scanned (cached after the first time) and its journals read; refuses a set too broken to use."""
-    source = spec.resolve()
-    columns, sample = source.columns()
-    fmt = detect_format(columns, sample, spec.format, dict(spec.columns))
-    scan, _ = load_or_scan(cache_dir, spec.name, source, fmt, spec.regenerate, spec.max_turns)
-    check_quality(scan, spec.max_bad_fraction, spec.name)
+    _, _, scan, _ = scanned_source(spec, cache_dir)
     shards = spec.shard_keys()
     facts = journal_facts(journal_path(spec.name, s) for s in shards)
     return DatasetQueue(spec, scan.requests, facts, journal_path, cache_dir, shards)

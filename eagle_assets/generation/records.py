@@ -61,16 +61,16 @@ def success_record(
     }
 
 
-def skipped_record(prompt: Prompt, error_class: str, message: str, attempts: int, final: bool = True) -> dict[str, Any]:
-    """A prompt the API will never answer (400/403): journaled so that reruns do not re-ask it, unless it is
-    not ``final`` (no success in the partition says the request itself was fine: asked again next run)."""
+def skipped_record(prompt: Prompt, error_class: str, message: str, attempts: int) -> dict[str, Any]:
+    """A prompt the API will never answer (400/403): journaled so that reruns do not re-ask it, unless the runner
+    marks it not ``final`` (no success in the partition said the request itself was fine)."""
     return {
         "prompt_id": prompt.prompt_id,
         "status": "skipped",
         "error_class": error_class,
         "message": message[:300],
         "attempts": attempts,
-        "final": final,
+        "final": True,
         "at": time.time(),
     }
 
