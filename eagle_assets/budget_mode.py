@@ -1,10 +1,5 @@
-"""The budget modes, named once for the two places that need them.
-
-The OpenRouter resource takes the mode as configuration (Dagster shows a ``Literal`` as a choice), and
-admission's maths (``eagle_assets.generation.admission``) decides by it. The resource may not import
-``eagle_assets.generation`` (imports go from the generation logic to the resources, never back), so
-the names live here, beside neither.
-"""
+"""The budget modes, named once for the resource's configuration and admission's maths: the resource may not
+import ``eagle_assets.generation``, so the names live here, beside neither."""
 
 from typing import Literal, get_args
 

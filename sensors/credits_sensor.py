@@ -1,9 +1,8 @@
 """After generation stopped on money, watch the credits and backfill exactly what is left.
 
-One ``RunRequest`` per failed or missing generation partition (never a single-run backfill: one
-failure would fail the whole range), launched only when the available dollars went up. Every
-evaluation also records the account's money as an observation of ``openrouter_account``, so its plot
-keeps moving between runs (a top-up shows as a step up).
+One ``RunRequest`` per failed or missing generation partition (a single-run backfill would fail whole on one
+failure), launched only when the available dollars went up. Every evaluation also records the account's money,
+so its plot keeps moving between runs (a top-up shows as a step up).
 """
 
 import dagster as dg
@@ -21,23 +20,17 @@ def pending_partitions(instance: dg.DagsterInstance, asset: dg.AssetsDefinition)
     assert partitions_def is not None
     keys = partitions_def.get_partition_keys(dynamic_partitions_store=instance)
     status = instance.get_status_by_partition(asset.key, keys, partitions_def) or {}
-    out = []
-    for k in keys:
-        s = status.get(k)
-        if s is None or s == dg.AssetPartitionStatus.FAILED:
-            out.append(k)
-    return out
+    return [k for k in keys if status.get(k) in (None, dg.AssetPartitionStatus.FAILED)]
 
 
 def build_credits_sensor(
     generation_assets: list[dg.AssetsDefinition],
-    minimum_interval_seconds: int = 30,
     min_increase_usd: float = 0.5,
     min_remaining_usd: float = 0.5,
 ) -> dg.SensorDefinition:
     @dg.sensor(
         name="credits_topup_backfill",
-        minimum_interval_seconds=minimum_interval_seconds,
+        minimum_interval_seconds=30,
         asset_selection=dg.AssetSelection.assets(*generation_assets),
         default_status=dg.DefaultSensorStatus.STOPPED,
         description="When credits are topped up (or the budget raised) after a budget stop, launch one run per "

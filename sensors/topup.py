@@ -1,10 +1,8 @@
 """Pure decision logic of the credits sensor: has money been added since generation stopped?
 
-Kept apart from Dagster so that the rule is tested on its own: a top-up is an increase of the
-key's ``limit_remaining`` (or of our own budget headroom) by more than ``min_increase_usd`` since
-the sensor last looked, while some generation partition is failed or missing. Each top-up gets an
-epoch number, and run keys include it: Dagster drops repeated run keys, so the same partition can be
-retried after the next top-up but never twice for the same one.
+A top-up is an increase of the dollars available by more than ``min_increase_usd`` since the sensor last looked,
+while some generation partition is failed or missing. Each top-up gets an epoch, and run keys include it: Dagster
+drops repeated run keys, so a partition is retried after the next top-up but never twice for the same one.
 """
 
 from dataclasses import dataclass

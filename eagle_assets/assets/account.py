@@ -1,11 +1,8 @@
 """The OpenRouter account as an observable source asset: its money, observed while it is spent.
 
-Dagster draws every numeric metadata entry of an asset's observations as a plot over time (the
-asset page's Metadata section, Plots view), so the account's remaining credit, the ledger's spend,
-held dollars and output tokens become curves. Observations come from four places: this asset's own
-observe step ("Observe" in the UI), the credits sensor on each evaluation, the generation plan (the
-money before any spend), and every generation run every ``account_observe_interval_s``
-(``context.log_event``) — so the curve moves while a run is going.
+Dagster plots every numeric metadata entry of an asset's observations over time, so the credit, the spend, held
+dollars and output tokens become curves. Observations come from this asset's observe step, the credits sensor,
+the generation plan, and every generation run every ``account_observe_interval_s``: the curve moves during a run.
 """
 
 import warnings

@@ -1,8 +1,5 @@
-"""The account's money as an observation of ``openrouter_account``: what the asset, the plan, generation runs
-and the credits sensor each record (``account.py`` says why it is observed from four places).
-
-Not an asset module: the assets and the sensor that record an observation import this, not ``account.py``.
-"""
+"""The account's money as an observation of ``openrouter_account`` (why: ``account.py``). Not an asset module: the
+assets and the sensor that record an observation import this, not ``account.py``."""
 
 import dagster as dg
 

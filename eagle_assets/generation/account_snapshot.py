@@ -1,9 +1,7 @@
 """The account's money at one moment: what the key has left, what the ledger has spent and holds.
 
-Generation runs take one every few seconds and the credits sensor one per evaluation; the Dagster
-layer records each as an observation of the ``openrouter_account`` source asset, so its plots show
-spend over time while a run is going, not only after it in each partition's metadata. Plain data
-here (no Dagster): the runner and the sensor build it, ``eagle_assets.assets.account`` records it.
+Runs take one every few seconds and the credits sensor one per evaluation, recorded as observations of the
+``openrouter_account`` source asset, so its plots show spend while a run is going, not only after it.
 """
 
 import time
@@ -19,8 +17,7 @@ class AccountSnapshot:
     output_tokens: int  # the ledger: output tokens produced, all datasets
     in_flight: int  # requests open on the ledger, all processes
     budget_usd: float
-    # The key's remaining credit now: what /key (or /credits) said at the last poll, less what the ledger has
-    # spent since. None: no cap is visible (an unlimited key without a management key).
+    # The key's credit at the last poll less what the ledger spent since; None: no cap visible.
     remaining_credit_usd: float | None
     cap_source: str  # key_limit | account_credits | key_limit+account_credits | none | unknown
     observed_by: str  # which run or sensor took it

@@ -1,11 +1,8 @@
 """Prompt-token estimates for worst-case reservations, from the real tokenizer.
 
-The estimate is the prompt's exact length as the serving stack builds it (the same ids the
-tokenized partitions rebuild and the provider bills as ``usage.prompt_tokens``: Kimi K2.5 template,
-TypeScript tool declaration, special-token text as ids), so a reservation is neither short on
-tool-heavy prompts nor inflated by raw JSON. The runner still adds its margin. A prompt the chat
-template cannot render (the provider will refuse it) falls back to a rough upper bound: every text
-field encoded, plus a few tokens of framing per message.
+The estimate is the prompt's exact length as the serving stack builds it (the ids the provider bills as
+``usage.prompt_tokens``), so a reservation is neither short on tool-heavy prompts nor inflated by raw JSON. A
+prompt the chat template cannot render (the provider will refuse it) falls back to a rough upper bound.
 """
 
 from collections.abc import Callable

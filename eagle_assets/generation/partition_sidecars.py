@@ -1,12 +1,6 @@
-"""What a generation partition keeps beside its Parquet, read again by the steps after it.
-
-- ``.providers.json``: the providers the policy allowed when the partition's responses were bought (the
-  generated and tokenized checks, and the corpus, accept those and no other);
-- ``.native.json``: the provider's own completion counts for a sample of the kept responses (what the
-  tokenized partition compares its rebuilt token counts with).
-
-Where they are: ``layout.allowed_providers_path``, ``layout.native_counts_path``.
-"""
+"""What a generation partition keeps beside its Parquet for the steps after it: the providers the policy allowed
+when its responses were bought (the checks and the corpus accept those and no other), and the provider's own
+completion counts for a sample (what the tokenized partition compares its rebuilt counts with)."""
 
 import json
 

@@ -1,9 +1,5 @@
-"""What the plan learns from the journals: which prompts are done, how long answers took, who served them.
-
-The ledger knows lengths and dollars, not latencies or providers; the journals (one per partition,
-every kept answer) do. Reading them is plain file work, kept apart from the Dagster asset so that it
-is tested on its own files.
-"""
+"""What the plan learns from the journals: which prompts are done, how long answers took, who served them (the
+ledger knows lengths and dollars, not latencies or providers)."""
 
 from collections import Counter
 from collections.abc import Iterable

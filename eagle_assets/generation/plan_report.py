@@ -1,8 +1,5 @@
-"""The plan as the UI shows it: one Markdown table per question (what it costs, what is available, what fits).
-
-Rendering only; every number comes from ``plan.Plan``, or for ``plan_outcome`` (the plan against what
-generation then did) from the recorded plan and the ledger.
-"""
+"""The plan as the UI shows it: one Markdown table per question (what it costs, what is available, what fits);
+and ``plan_outcome``, the recorded plan against what generation then did. Rendering only."""
 
 import math
 from collections.abc import Mapping

@@ -1,10 +1,8 @@
 """What a partition's shard was cut from, kept beside its journal: a shard must not move under a journal.
 
-A shard is positions of the asking order over the source's row count (``sampling``), so a source that
-gained or lost rows (a Hub branch that moved, a file appended to) reshuffles every shard. A journal
-filled before the change would then be mixed with rows of another shard: the same prompts bought twice
-across partitions, others never. The first run records the row count and how the order was cut; a
-later run that finds them changed while the journal holds records stops before anything is sent.
+A shard is positions of the asking order over the source's row count, so a source that gained or lost rows
+reshuffles every shard, and a journal filled before would mix in another shard's rows (prompts bought twice,
+others never). A later run that finds the count or the order changed while the journal holds records stops.
 """
 
 import json
