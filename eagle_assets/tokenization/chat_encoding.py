@@ -177,23 +177,17 @@ def chat_segments(
     add_generation_prompt: bool = False,
     *,
     chat_template: str | None = None,
-    template_vars: Mapping[str, Any] | None = None,
     data_specials: DataSpecials = "special",
     **kwargs: Any,
 ) -> list[Segment]:
-    """The rendered chat as ordinary-text pieces and special ids (see module docstring).
-
-    ``kwargs`` are template variables treated as data (like ``tools_ts_str``, which is set from
-    ``tools`` when they convert); ``template_vars`` are trusted ones whose specials count as the
-    template's (e.g. ``bos_token``).
-    """
+    """The rendered chat as ordinary-text pieces and special ids (see module docstring); ``kwargs`` are template
+    variables treated as data (like ``tools_ts_str``, set from ``tools`` when they convert)."""
     check_data_specials(data_specials)
     template = chat_template or tokenizer.chat_template
     if template is None:
         raise ValueError("the tokenizer has no chat template; pass chat_template=")
     normalized, declared, variables = _kimi_inputs(messages, tools, kwargs)
-    trusted = dict(template_vars or {})
-    plain = render_normalized(template, normalized, declared, add_generation_prompt, {**variables, **trusted})
+    plain = render_normalized(template, normalized, declared, add_generation_prompt, variables)
     if data_specials == "special":
         return serving_segments(tokenizer, plain)
     sp = specials_of(tokenizer)
@@ -208,9 +202,7 @@ def chat_segments(
         raise ChatEncodingError("the data contains every candidate marker character")
     if not marker.marked:
         return chunk_ordinary(split_at_specials(tokenizer, plain))
-    marked = render_normalized(
-        template, marked_messages, marked_tools, add_generation_prompt, {**marked_variables, **trusted}
-    )
+    marked = render_normalized(template, marked_messages, marked_tools, add_generation_prompt, marked_variables)
     clean, spans = _unmark(marked, marker.open, marker.close)
     if clean != plain:
         raise ChatEncodingError("the chat template transforms data text; cannot locate data specials exactly")

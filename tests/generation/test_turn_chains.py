@@ -12,7 +12,7 @@ from eagle_assets.datasets.regeneration import turn_request
 from eagle_assets.generation.journal import scan
 from eagle_assets.generation.partition_output import write_partition_parquet
 from eagle_assets.generation.turn_chains import TurnChains, split_turn_id
-from eagle_assets.tokenization.hf_tokenizer import load_hf_tokenizer
+from eagle_assets.tokenization.chat_encoding import render_kimi_chat
 from eagle_assets.tokenization.kimi_tokenizer import load_kimi_tokenizer
 from eagle_assets.tokenization.tokenizer_source import resolve_tokenizer_dir
 from resources.simulator.config import DEFAULT_PROVIDERS
@@ -65,10 +65,10 @@ def test_chains_advance_resume_and_stop_from_journaled_records():
     assert split_turn_id("a#b#t12") == ("a#b", 11) and split_turn_id("plain") is None
 
 
-def serving_ids(hf, rec):
-    return hf.apply_chat_template(
-        rec["messages"], tools=rec.get("tools"), add_generation_prompt=True, tokenize=True, return_dict=False
-    )
+def serving_ids(tok, rec):
+    # The serving stack's path: the rendered prompt encoded with every special allowed.
+    text = render_kimi_chat(tok.chat_template, rec["messages"], rec.get("tools"), add_generation_prompt=True)
+    return tok.encode_with_special(text)
 
 
 def test_every_turn_through_the_simulator_then_resumes_buying_nothing_twice(harness):
@@ -105,11 +105,10 @@ def test_every_turn_through_the_simulator_then_resumes_buying_nothing_twice(harn
     tok = load_kimi_tokenizer(resolve_tokenizer_dir())
     rows, summary = tokenize_generated(parquet, "T1", "0000", tok)
     assert summary.samples == 36 and summary.prompt_nonzero_diffs == 0
-    hf = load_hf_tokenizer(tok.directory)
     for row in rows:
         rec = by_id[row["prompt_id"]]
         prompt_len = row["n_tokens"] - row["completion_len"]
-        assert row["input_ids"][:prompt_len] == serving_ids(hf, rec)
+        assert row["input_ids"][:prompt_len] == serving_ids(tok, rec)
         assert prompt_len == rec["prompt_tokens"]
     # Rerun: everything is journaled, nothing is asked again.
     again = harness.run([], chains=TurnChains(convs))

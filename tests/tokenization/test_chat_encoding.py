@@ -127,14 +127,6 @@ def test_special_formed_across_data_and_template_is_text(tok):
     assert encode_chat(tok, [{"role": "user", "content": "<|im_"}], chat_template=t) == [tok.eos_id]
 
 
-def test_trusted_template_vars_are_specials(tok):
-    t = "{{ bos_token }}{{ messages[0].content }}"
-    ids = encode_chat(
-        tok, [{"role": "user", "content": "[BOS]"}], chat_template=t, template_vars={"bos_token": "[BOS]"}, **ORDINARY
-    )
-    assert ids[0] == tok.special_tokens["[BOS]"] and tok.special_tokens["[BOS]"] not in ids[1:]
-
-
 def test_template_that_transforms_data_fails_loudly(tok):
     sliced = "{{ messages[0].content[:5] }}"
     with pytest.raises(ChatEncodingError):
