@@ -1,9 +1,8 @@
 """When to train the draft: every hidden-state shard it needs is there, and some is newer than the last draft
 (offline), or the corpus is there and newer than the last draft (online: no stores are ever written).
 
-Pure: it sees storage ids (Dagster's monotonically increasing event ids), not the instance. The run
-key is derived from the exact set of shard materializations, so the same data never trains twice
-(Dagster drops a repeated run key) while any re-materialized shard produces a new key.
+Pure: it sees storage ids, not the instance. The run key is derived from the exact set of shard materializations,
+so the same data never trains twice (Dagster drops a repeated run key) and a re-materialized shard makes a new key.
 """
 
 import hashlib

@@ -1,11 +1,8 @@
 """Asset checks from the DuckDB validation outcomes: one spec per check, results with their evidence.
 
-The checks run inside the asset's own step (specs declared on the asset) rather than as separate
-check ops: they are column scans of the file the step has just written, and a separate op would cost
-a process start per check per partition. Blocking specs stop downstream steps of the same run; the
-corpus asset re-validates its inputs too, so a failing partition cannot slip in through another run.
-The length distribution the checks measure is shown on the tokenized partitions and the corpus alike
-(``length_metadata``).
+The checks run inside the asset's own step (specs declared on the asset): they scan the file the step has just
+written, and separate check ops would cost a process start per check per partition. Blocking specs stop downstream
+steps of the same run; the corpus re-validates its inputs, so a failing partition cannot slip in through another.
 """
 
 import warnings

@@ -1,11 +1,9 @@
 """The EAGLE-3 draft model and its acceptance-length benchmark, materialized on the GPU host.
 
-Training runs as a separate process through Dagster Pipes (``eagle_assets.draft.pipes_train``,
-under ``torchrun`` when several GPUs are there), so that a crash of the trainer cannot take the
-step's process with it, DDP gets its own process group, and loss, accuracy and throughput stream
-back to the run's log and the materialization. A run's directory is named by its inputs (the
-hidden-state shards' fingerprints, the target, the training config): re-materializing the same
-inputs resumes from the last checkpoint instead of starting over.
+Training runs as a Dagster Pipes subprocess (``eagle_assets.draft.pipes_train``, under ``torchrun`` for several
+GPUs): a crash of the trainer cannot take the step's process with it, DDP gets its own process group, and loss,
+accuracy and throughput stream back. A run's directory is named by its inputs (the shards' fingerprints, the target,
+the training config), so re-materializing the same inputs resumes from the last checkpoint.
 """
 
 import hashlib
@@ -44,12 +42,9 @@ from resources.target.resource import TargetModelResource
 
 
 class DraftTrainConfig(dg.Config, TrainKnobs):
-    """The trainer's knobs (``TrainKnobs``: names, bounds and defaults are written there once) plus the platform's.
-
-    ``train_run_config`` turns it into the run file the training process validates back
-    (``eagle_assets/draft/run_config.py``). The field set and defaults also name the run directory
-    (``run_identity``), so a renamed field or changed default starts a new run instead of resuming.
-    """
+    """The trainer's knobs (``TrainKnobs``, written there once) plus the platform's, made into the run file by
+    ``train_run_config``. They also name the run directory (``run_identity``): a renamed field or changed default
+    starts a new run instead of resuming."""
 
     draft_vocab_size: int = Field(
         default=32000, ge=16, description="reduced draft vocabulary (most frequent corpus tokens)"
@@ -113,11 +108,8 @@ def run_identity(model_id: str, shards: dict[str, str], config: DraftTrainConfig
 
 
 def publish_export(export: Path, latest: Path) -> None:
-    """``latest/export`` := a copy of the run's export, plus ``latest/export-vllm`` as a relative symlink to it.
-
-    The alias only keeps the path of the former vLLM-only folder working. Published as a new version
-    (``durable_files.publishing_directory``): a crash leaves the previous one, and an engine still loading it keeps it.
-    """
+    """``latest/export`` := a copy of the run's export (``export-vllm``, a symlink to it, keeps the former vLLM-only
+    path working), published as a new version: a crash leaves the previous one, an engine still loading it keeps it."""
     with publishing_directory(latest) as staged:
         shutil.copytree(export, staged / "export")
         (staged / "export-vllm").symlink_to("export", target_is_directory=True)

@@ -1,9 +1,6 @@
-"""``draft_model`` with ``features: online`` (docs/draft-and-benchmark.md): the draft trains on the corpus's token rows
-while the target computes their features; no hidden-state store is read or written.
-
-What differs from the offline materialization: the run's inputs are the train split's corpus shards (their file
-fingerprints name the run directory), the rows go to the trainer as ``tokens.jsonl`` in the run directory (in the
-order the stores would hold them), and the trainer's data section is ``TokensData``.
+"""``draft_model`` with ``features: online`` (docs/draft-and-benchmark.md): the draft trains on the corpus's token
+rows while the target computes their features. The run's inputs are the train split's corpus shards (their file
+fingerprints name the run directory), whose rows go to the trainer as ``tokens.jsonl`` in store order.
 """
 
 import hashlib

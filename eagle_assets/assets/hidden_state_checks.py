@@ -1,9 +1,8 @@
 """The hidden-state fidelity checks in Dagster: blocking check specs on ``hidden_states``, their results and status.
 
-A thin layer over ``eagle_assets.hidden_states.fidelity_checks``. The checks run inside the ``hidden_states``
-step, where the target is loaded anyway, blocking, so a failing shard stops whatever follows in the same run. The
-draft is usually trained in a run of its own, so the sensor and ``draft_model`` also read the checks' latest
-results per partition (``fidelity_failures``) and refuse shards whose checks did not pass.
+They run inside the ``hidden_states`` step, where the target is loaded anyway, so a failing shard stops the rest
+of that run; the draft usually trains in a run of its own, so the sensor and ``draft_model`` read the checks'
+latest results per partition (``fidelity_failures``) and refuse shards that did not pass.
 """
 
 from collections.abc import Sequence

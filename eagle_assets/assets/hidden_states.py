@@ -1,9 +1,8 @@
 """Hidden-state stores: the target's three auxiliary features (and last state) for every corpus token.
 
-Partitioned by corpus shard; each partition is a store of its own (``hidden_states/<shard>``), written atomically
-and skipped when already complete, so a re-run resumes. These steps need the target and its accelerators: tagged
-and pooled (``gpu``, one at a time per host) so the rest of the pipeline runs anywhere. Every materialization ends
-with the three blocking fidelity checks of the store against its calibration (docs/hidden-states.md).
+One store per corpus shard (``hidden_states/<shard>``), skipped when complete, so a re-run resumes. These steps
+need the target and its accelerators: tagged and pooled (``gpu``, one at a time per host) so the rest of the
+pipeline runs anywhere. Each ends with the three blocking fidelity checks (docs/hidden-states.md).
 """
 
 import time

@@ -1,11 +1,10 @@
 """Export a trained draft as one ``LlamaForCausalLMEagle3`` folder that SGLang and vLLM both load, and load it back.
 
-What the folder holds (``config.json``, ``model.safetensors``), the aux layer ids in both engines' spellings,
-whose embedding each engine serves, and the serving commands: docs/draft-and-benchmark.md, "The exported draft".
-It is published atomically (``durable_files.publishing_directory``), folder 0755 and files 0644 so that a server
-running as another user can read them. The ``eagle_forge`` block records the HF aux indices, so ``load_draft``
-never has to guess. RoPE: transformers 5 keeps the base inside ``rope_parameters`` while loaders built on
-transformers 4 read the top-level ``rope_theta`` (default 10000), so both carry the draft's base.
+What the folder holds, the aux ids in both engines' spellings, whose embedding each serves and the serving commands:
+docs/draft-and-benchmark.md, "The exported draft". Published atomically, folder 0755 and files 0644 so that a server
+running as another user can read them; the ``eagle_forge`` block records the HF aux indices, so ``load_draft`` never
+guesses. Both ``rope_parameters`` (transformers 5) and the top-level ``rope_theta`` (loaders on transformers 4,
+default 10000) carry the draft's RoPE base.
 """
 
 from __future__ import annotations
@@ -55,11 +54,8 @@ class EngineEmbeddingWarning(EagleForgeWarning):
 
 
 def engine_embedding_sources(config: Eagle3Config) -> dict[str, str]:
-    """Whose embedding each engine serves the exported draft with: ``"draft"`` (the folder's) or ``"target"``.
-
-    SGLang's EAGLE worker calls ``set_embed`` with the target's embedding unless ``target_hidden_size`` differs
-    from ``hidden_size``, whatever the folder holds; vLLM keeps the draft's own when the folder has one.
-    """
+    """Whose embedding each engine serves the draft with: SGLang's EAGLE worker sets the target's unless
+    ``target_hidden_size`` differs from ``hidden_size``, whatever the folder holds; vLLM keeps the folder's own."""
     return {
         "sglang": "draft" if config.target_hidden_size != config.hidden_size else "target",
         "vllm": "draft" if config.save_embeddings else "target",
@@ -139,12 +135,8 @@ def _export_tensors(model: Eagle3Draft, dtype: torch.dtype) -> dict[str, torch.T
 
 
 def export_draft(model: Eagle3Draft, out_dir: str | Path, *, dtype: torch.dtype = torch.bfloat16) -> Path:
-    """Write ``config.json`` + ``model.safetensors``; ``out_dir`` resolves to the previous export until the new one
-    is complete (``durable_files.publishing_directory``), and to one whole export at every moment.
-
-    A draft the two engines would serve differently (``embedding_divergence``) is still exported, with an
-    ``EngineEmbeddingWarning`` and the reason in ``config.json``'s ``eagle_forge.warnings``.
-    """
+    """Write ``config.json`` + ``model.safetensors``, published whole. A draft the two engines would serve differently
+    (``embedding_divergence``) is still exported, with an ``EngineEmbeddingWarning`` and the reason in the config."""
     from safetensors.torch import save_file
 
     divergence = embedding_divergence(model.config)

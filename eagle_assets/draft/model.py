@@ -1,11 +1,8 @@
 """The EAGLE-3 draft: ``fc`` over the target's aux features, one Llama decoder layer, ``norm``, ``lm_head``.
 
-Parameter and buffer names are those of SGLang's and vLLM's ``LlamaForCausalLMEagle3`` checkpoints (``fc``,
-``midlayer.*`` with ``hidden_norm`` beside the Llama layer's norms, ``norm``, ``lm_head``, ``d2t``, ``t2d``), so
-``export.py`` writes the state dict as is.
-
-One draft step, for a hidden state ``h`` (``fc(aux)`` at step 0, the previous step's output later)
-and the embedding ``e`` of the next token::
+Parameter and buffer names are those of the engines' ``LlamaForCausalLMEagle3`` checkpoints, so ``export.py`` writes
+the state dict as is. One draft step, for a hidden state ``h`` (``fc(aux)`` at step 0, the previous step's output
+later) and the embedding ``e`` of the next token::
 
     x   = [input_layernorm(e); hidden_norm(h)]          # 2H wide: q/k/v take 2H inputs
     h'  = h + o_proj(attn(x))                           # residual is the *un-normalised* h
@@ -13,10 +10,8 @@ and the embedding ``e`` of the next token::
     out = h''                -> next step's hidden state (pre-norm, as the engines pass it on)
     logits = lm_head(norm(h''))
 
-RoPE and RMSNorm follow Hugging Face Llama (rotate-half RoPE, fp32 RMS statistics) because the
-engines implement exactly that. How keys are attended is left to an ``attend(q, k, v)`` callable: the
-training-time test (``ttt.py``) and the inference cache (``DraftKVCache``) impose different masks on
-the same layer.
+RoPE and RMSNorm follow HF Llama (rotate-half RoPE, fp32 RMS statistics), as the engines do. Attention is an
+``attend(q, k, v)`` callable: training (``ttt.py``) and the inference cache (``DraftKVCache``) mask differently.
 """
 
 from __future__ import annotations

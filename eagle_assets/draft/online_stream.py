@@ -5,7 +5,7 @@ only which rows are computed (the trainer's own order, ``Trainer.micro_batch_row
 far ahead (one thread, a queue of ``depth`` that blocks when the trainer is that far behind), and what runs before
 the first optimizer step (``gate`` sees enough first rows for the calibration; a gate that raises stops the run).
 The per-batch function (``RowFeatures``) is bound to a backend outside this package
-(``eagle_assets.hidden_states.online_features``); features are cast to ``dtype`` as ``StoreDataset`` casts a store's.
+(``eagle_assets.hidden_states.online_features``); features are cast to float32 as ``StoreDataset`` casts a store's.
 """
 
 from __future__ import annotations
@@ -62,13 +62,10 @@ class OnlineFeatureStream:
         depth: int = 2,
         gate: Callable[[Sequence[Prefetched]], dict[str, Any] | None] | None = None,
         gate_rows: int = 4,
-        dtype: torch.dtype = torch.float32,
-        pad_id: int = 0,
     ):
         if depth < 1:
             raise ValueError("depth must be at least 1 (one batch ahead)")
-        self.dataset, self.compute, self.depth = dataset, compute, depth
-        self.gate, self.gate_rows, self.dtype, self.pad_id = gate, gate_rows, dtype, pad_id
+        self.dataset, self.compute, self.depth, self.gate, self.gate_rows = dataset, compute, depth, gate, gate_rows
         self.stats = StreamStats()
         self._queue: queue.Queue[Prefetched | BaseException] = queue.Queue(maxsize=depth)
         self._ready: list[Prefetched] = []
@@ -97,9 +94,9 @@ class OnlineFeatureStream:
                 for key in ("aux", "last"):
                     if f[key].shape[0] != n:
                         raise RuntimeError(f"{key} has {f[key].shape[0]} rows for a row of {n} tokens")
-                with_features.append({**sample, "aux": f["aux"].to(self.dtype), "last": f["last"].to(self.dtype)})
+                with_features.append({**sample, "aux": f["aux"].float(), "last": f["last"].float()})
                 tokens += n
-            batches.append(collate(with_features, self.pad_id))
+            batches.append(collate(with_features))
         seconds = time.perf_counter() - started
         return Prefetched(position, rows, batches, tokens, seconds)
 

@@ -109,7 +109,6 @@ def speculative_generate(
     k = num_draft_tokens
     cache: Any = make_cache(target)
     logits, aux, _ = hf_forward(target, torch.tensor([prompt], device=device), layers, cache=cache)
-    assert logits is not None
     b = int(logits[0, -1].argmax())
     result.tokens.append(b)
     if b == eos_id or max_new_tokens == 1:
@@ -129,7 +128,6 @@ def speculative_generate(
         logits, aux, _ = hf_forward(
             target, torch.tensor([[b, *drafts]], device=device), layers, cache=cache, position_ids=pos
         )
-        assert logits is not None
         greedy = logits[0].argmax(-1).tolist()
         n = 0
         while n < k and drafts[n] == greedy[n]:

@@ -56,9 +56,8 @@ def hf_forward(
     *,
     cache: Any = None,
     position_ids: torch.Tensor | None = None,
-    with_logits: bool = True,
-) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
-    """(logits or None, aux [B,T,n_aux*H], last [B,T,H]) for ``input_ids`` [B,T], optionally with a KV cache."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(logits, aux [B,T,n_aux*H], last [B,T,H]) for ``input_ids`` [B,T], optionally with a KV cache."""
     kwargs: dict[str, Any] = {"input_ids": input_ids, "output_hidden_states": True}
     if position_ids is not None:
         kwargs["position_ids"] = position_ids
@@ -67,11 +66,9 @@ def hf_forward(
         kwargs["use_cache"] = True
     else:
         kwargs["use_cache"] = False
-    runner = model if with_logits else model.get_decoder()
-    out = runner(**kwargs)
+    out = model(**kwargs)
     hs = out.hidden_states
-    aux = torch.cat([hs[i] for i in aux_layer_ids], dim=-1)
-    return (out.logits if with_logits else None), aux, hs[-1]
+    return out.logits, torch.cat([hs[i] for i in aux_layer_ids], dim=-1), hs[-1]
 
 
 # A head's non-zero rows: their ids, the rows, the first all-zero id, and id → index among them (-1: a zero row).

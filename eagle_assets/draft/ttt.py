@@ -17,7 +17,7 @@ what the draft will be asked to guess); the references differ on this by one or 
 
 Attention at step k, query index t: the step-0 keys at ``s <= t`` (causal) and, from each step ``1..k``, only the key
 at t (the diagonal): what the draft sees when it drafts k tokens after position t at inference.
-``ttt_attention_mask`` spells the mask out; ``attn_impl="eager"`` computes it without materialising it, ``"sdpa"``
+``step_attention_mask`` spells the mask out; ``attn_impl="eager"`` computes it without materialising it, ``"sdpa"``
 passes it to ``scaled_dot_product_attention`` over the steps' concatenated KV (memory-efficient kernels on GPU).
 
 Loss per step: soft cross-entropy ``-Σ p log q`` over masked positions, divided by a per-step denominator (the local
@@ -56,14 +56,6 @@ def step_attention_mask(seq_len: int, step: int, device: torch.device | str | No
     t = torch.arange(seq_len, device=device)
     blocks = [t[None, :] <= t[:, None]] + [t[None, :] == t[:, None]] * step
     return torch.cat(blocks, dim=1)
-
-
-def ttt_attention_mask(seq_len: int, steps: int, device: torch.device | str | None = None) -> torch.Tensor:
-    """Bool [K*T, K*T] over all steps' queries × keys, step-major; later steps' keys are never visible."""
-    full = torch.zeros(steps * seq_len, steps * seq_len, dtype=torch.bool, device=device)
-    for k in range(steps):
-        full[k * seq_len : (k + 1) * seq_len, : (k + 1) * seq_len] = step_attention_mask(seq_len, k, device)
-    return full
 
 
 def _attend_eager(q: torch.Tensor, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -1,11 +1,9 @@
 """The target run in full on a few samples of a shard: what the fidelity checks hold a store to (docs/hidden-states.md).
 
-Independent of the extraction path on purpose: the extractor captures features with forward hooks and no
-``lm_head``; this runs the model's own forward with ``output_hidden_states=True``, logits kept at the scored
-positions only (``logits_to_keep``). A bug in the capture (a shifted position, a wrong or repeated layer, a final
-state that is not the one the head reads) therefore makes the store disagree with this record instead of agreeing
-with itself. Recorded per store shard: ``fidelity.ShardCalibration``, whose fields say what each figure is.
-A store extracted through SGLang is calibrated through the engine instead (``calibration_sglang.py``).
+Independent of the extraction on purpose: the extractor hooks layers and skips ``lm_head``; this runs the model's
+own forward with ``output_hidden_states=True`` (logits only at the scored positions), so a capture bug (a shifted
+position, a wrong or repeated layer, a last state the head does not read) makes the store disagree with this record
+instead of agreeing with itself. SGLang stores are calibrated through the engine (``calibration_sglang.py``).
 """
 
 from __future__ import annotations

@@ -1,17 +1,12 @@
 """Calibration through the SGLang engine: the target run in full where it cannot run in this process (Kimi, tp=8).
 
-A store extracted through SGLang has no model here, but the engine that extracted it can score its own input: the
-log-probability of each actual next token and its own top-1, the same figures as the HF calibration
-(``calibration.py``), from the target's own forward and head. The request and answer fields used (sglang
-``GenerateReqInput`` at commit 001067ff) and what an engine calibration cannot verify: docs/hidden-states.md,
-"SGLang stores: calibrated through the engine". Wire details the docs leave out: ``input_token_logprobs`` come
-as tuples from ``Engine.generate`` and lists over HTTP, and entry 0's logprob is None because the scheduler pads
-``[None] + values[:-1]``, so the last state at position ``t`` is scored by entry ``t + 1``; the first entry of
-``input_top_logprobs[i]`` is the target's top-1 prediction of token ``i``.
-
-The engine's log-probabilities and its returned last state come from the same forward, so a capture that returns
-something other than the state its head reads is caught here: the calibration refuses to be written
-(``CalibrationMismatchError``) instead of being made to fit it.
+The engine that extracted a store scores its own input: each actual next token's log-probability and its own
+top-1, the HF calibration's figures from the target's own forward and head (fields used and what this cannot
+verify: docs/hidden-states.md, "SGLang stores: calibrated through the engine"). Wire details the docs leave out:
+``input_token_logprobs`` are tuples from ``Engine.generate``, lists over HTTP, and entry 0 is None (the scheduler
+pads ``[None] + values[:-1]``), so the last state at ``t`` is scored by entry ``t + 1``; ``input_top_logprobs[i][0]``
+is the target's top-1 prediction of token ``i``. The log-probabilities and the returned last state come from one
+forward, so a capture returning another state than the head reads is refused (``CalibrationMismatchError``).
 """
 
 from __future__ import annotations

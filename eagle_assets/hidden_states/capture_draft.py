@@ -1,8 +1,5 @@
-"""The zero-weight EAGLE-3 draft whose only job is to make an SGLang engine capture the aux layers.
-
-SGLang turns on aux capture in the target only in EAGLE-3 speculative mode, reading the layer ids from a draft's
-config; this writes that draft (with the draft exporter's ``config.json``) and names it by target and layers.
-"""
+"""The zero-weight EAGLE-3 draft whose only job is to make an SGLang engine capture the aux layers: SGLang captures
+them only in EAGLE-3 mode, reading the layer ids (SGLang's spelling) from a draft's config."""
 
 from __future__ import annotations
 
@@ -46,25 +43,19 @@ def write_capture_draft(
     model_path: str | Path,
     layers: AuxLayers,
     *,
-    draft_vocab_size: int = 32000,
-    num_attention_heads: int | None = None,
-    intermediate_size: int | None = None,
     weights: bool = True,
 ) -> Path:
-    """Write a zero-weight EAGLE-3 draft whose only job is to make the target capture ``layers``.
-
-    The ids go in SGLang's spelling (``layers.sglang_ids``, +1 inside SGLang). Zero weights keep the draft's outputs
-    finite and its proposals irrelevant: with ``max_new_tokens=1`` the answer comes from the target's prefill. Any
-    trained EAGLE-3 draft of the target with the same layer ids works as well.
-    """
+    """Zero weights keep the draft's outputs finite and its proposals irrelevant (with ``max_new_tokens=1`` the
+    answer is the target's prefill); any trained EAGLE-3 draft of the target with the same layer ids works as well."""
     from eagle_assets.draft.export import export_config
     from eagle_assets.draft.model import Eagle3Config
 
     dims = read_target_dims(model_path)
     h = dims.hidden_size
-    heads = num_attention_heads or max(1, h // 128)
+    heads = max(1, h // 128)
     head_dim = h // heads
-    inter = intermediate_size or h  # any size works for a zero-weight draft; small keeps it ~1.8 GB at H=7168
+    inter = h  # any size works for a zero-weight draft; small keeps it ~1.8 GB at H=7168
+    draft_vocab_size = 32000
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     shape = Eagle3Config(

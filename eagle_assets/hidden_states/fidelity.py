@@ -1,12 +1,9 @@
 """What the hidden-state fidelity checks share: their settings, the positions they look at, the figures.
 
-Why a whole store can still be wrong, and why every threshold is a fraction of what the target itself does on a
-calibration sample of the same shard (``calibration.py``) rather than a constant chosen to pass:
-docs/hidden-states.md.
-
-Positions: a *scored* position ``t`` is one whose next token is a response token (``loss_mask[t+1] == 1``): there
-the last state at ``t`` must predict ``input_ids[t+1]`` through the target's head. Every choice of positions is
-seeded by the shard's key, so a rerun looks at the same ones.
+Why every threshold is a fraction of what the target itself does on a calibration sample of the same shard:
+docs/hidden-states.md. A *scored* position ``t`` is one whose next token is a response token (``loss_mask[t+1]``):
+there the last state at ``t`` must predict ``input_ids[t+1]`` through the target's head. Every choice of positions
+is seeded by the shard's key, so a rerun looks at the same ones.
 """
 
 from __future__ import annotations
@@ -105,11 +102,8 @@ def head_predictions(
     device: torch.device | str = "cpu",
     chunk: int = 128,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(top-1 id, log-probability of the actual next token) at each row of ``last`` [n, H], through ``head``
-    (last state → logits) on ``device``.
-
-    In chunks: one row of log-probabilities is a vocabulary wide (163,840 floats for Kimi).
-    """
+    """(top-1 id, log-probability of the actual next token) at each row of ``last`` [n, H] through ``head``, in
+    chunks: one row of log-probabilities is a vocabulary wide (163,840 floats for Kimi)."""
     top1, logprob = [], []
     for i in range(0, last.shape[0], chunk):
         logits = head(last[i : i + chunk].to(device)).float()

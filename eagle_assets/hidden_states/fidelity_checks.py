@@ -1,10 +1,8 @@
 """The hidden-state fidelity checks: a store shard against its corpus shard, the target's head and its calibration.
 
-Three checks per store shard (``alignment``, ``aux_layers``, ``last_state_next_token``, what each holds a store to
-is in docs/hidden-states.md), each a ``CheckOutcome`` whose summary names the partition, the shard, the check and
-the figure that failed; the Dagster asset checks on ``hidden_states`` are a thin layer over these. Reads only what
-it needs (headers, the small id/mask/offset tensors, single memory-mapped feature rows), so a 200 GB Kimi shard
-costs seconds, most of it the head's matmul.
+Three checks per store shard (what each holds a store to: docs/hidden-states.md), each a ``CheckOutcome`` whose
+summary names the partition, the shard, the check and the failing figure. Only headers, the small id/mask/offset
+tensors and single memory-mapped feature rows are read, so a 200 GB Kimi shard costs seconds.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """Which target layers feed the EAGLE-3 draft, and how each engine spells them.
 
-The canonical convention is the index into Hugging Face's ``output_hidden_states`` tuple (0 = the embeddings,
-i = the input of decoder layer i); EAGLE-3 takes [2, N//2, N-3] (Kimi K2/K2.5: [2, 30, 58]). An explicit SGLang
-id names a layer *output* (``hf_index - 1``), vLLM's is the HF index, and index N is excluded: why, with the
-SGLang sources it was checked against, is in docs/sglang-hidden-states.md ("Layer ids: the +1"). Every store and
-exported config records all spellings instead of one bare list.
+Canonical: the index into HF's ``output_hidden_states`` (0 = the embeddings, i = the input of decoder layer i);
+EAGLE-3 takes [2, N//2, N-3] (Kimi K2/K2.5: [2, 30, 58]). An SGLang id names a layer *output* (``hf_index - 1``),
+vLLM's is the HF index (why, and why N is excluded: docs/sglang-hidden-states.md, "Layer ids: the +1"). Stores and
+exported configs record every spelling, never one bare list.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from eagle_assets.draft.run_config import TargetSpec, TokensData
 from eagle_assets.hidden_states.fidelity import Calibrate
 from eagle_assets.hidden_states.fidelity_spec import FidelityConfig
 from eagle_assets.hidden_states.layers import AuxLayers
-from eagle_assets.hidden_states.online_fidelity import StreamFidelityGate
+from eagle_assets.hidden_states.online_fidelity import fidelity_gate
 from eagle_assets.hidden_states.pipeline import BatchFn
 from eagle_assets.hidden_states.samples import HiddenStateSample
 from eagle_assets.hidden_states.store_format import StoreMeta, dtype_from_name
@@ -168,7 +168,7 @@ def online_stream(
             dtype=store_dtype,
             last_kind=target.last_kind,
         )
-        gate = StreamFidelityGate(meta, calibrate, head, config=fidelity, scratch_root=root, device=device)
+        gate = fidelity_gate(meta, calibrate, head, config=fidelity, scratch_root=root, device=device)
     return OnlineFeatureStream(
         dataset,
         extraction_features(batch_fn or produce),

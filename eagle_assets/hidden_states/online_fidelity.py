@@ -1,11 +1,9 @@
 """The fidelity gate of an online run: the three blocking checks on the first batches of the feature stream.
 
-Online there is no store to check, so the offline checks (their thresholds and messages; the partition is named
-``online``) run on the stream itself before the first optimizer step: the first ``gate_rows`` rows (at least the
-calibration's samples) are written as a one-shard scratch store in the run's own folder (never under
-``hidden_states/``), the target is run in full on them (``calibration.py`` in process, ``calibration_sglang.py``
-through the engine), ``run_fidelity_checks`` holds the one to the other, and the scratch store is removed, pass
-or fail. Its size: docs/draft-and-benchmark.md.
+Online there is no store, so the offline checks (thresholds and messages; partition ``online``) run on the stream
+before the first optimizer step: its first ``gate_rows`` rows become a one-shard scratch store in the run's own
+folder (never under ``hidden_states/``), calibrated as the backend's offline store would be, checked, and removed,
+pass or fail. Its size: docs/draft-and-benchmark.md.
 """
 
 from __future__ import annotations
@@ -18,7 +16,6 @@ from typing import Any
 
 import torch
 
-from eagle_assets.corpus.outcome import CheckOutcome
 from eagle_assets.draft.online_stream import Prefetched
 from eagle_assets.errors import TargetError
 from eagle_assets.hidden_states.fidelity import Calibrate, Calibration, write_calibration
@@ -58,61 +55,48 @@ def prompt_length(sample: HiddenStateSample) -> int:
     return mask.index(1) if 1 in mask else len(mask)
 
 
-class StreamFidelityGate:
+def fidelity_gate(
+    meta: StoreMeta,
+    calibrate: Calibrate,
+    head: Callable[[torch.Tensor], torch.Tensor],
+    *,
+    config: FidelityConfig,
+    scratch_root: Path,
+    device: torch.device | str,
+) -> Callable[[Sequence[Prefetched]], dict[str, Any]]:
     """``gate(first batches)`` for ``OnlineFeatureStream``: the three checks, or ``OnlineFidelityError``."""
 
-    def __init__(
-        self,
-        meta: StoreMeta,
-        calibrate: Calibrate,
-        head: Callable[[torch.Tensor], torch.Tensor],
-        *,
-        config: FidelityConfig | None = None,
-        scratch_root: str | Path | None = None,
-        device: torch.device | str = "cpu",
-    ):
-        self.meta, self.calibrate, self.head = meta, calibrate, head
-        self.config = config or FidelityConfig()
-        self.scratch_root = Path(scratch_root) if scratch_root is not None else None
-        self.device = device
-        self.outcomes: list[CheckOutcome] = []
-
-    def __call__(self, first: Sequence[Prefetched]) -> dict[str, Any]:
+    def gate(first: Sequence[Prefetched]) -> dict[str, Any]:
         samples, feats = stream_samples(first)
         by_id = {s.sample_id: f for s, f in zip(samples, feats, strict=True)}
 
         def replay(batch: Sequence[HiddenStateSample]) -> list[dict[str, torch.Tensor]]:
-            return [{k: v.to(self.meta.dtype) for k, v in by_id[s.sample_id].items()} for s in batch]
+            return [{k: v.to(meta.dtype) for k, v in by_id[s.sample_id].items()} for s in batch]
 
-        if self.scratch_root is not None:
-            self.scratch_root.mkdir(parents=True, exist_ok=True)
-        scratch = Path(tempfile.mkdtemp(prefix="online-fidelity-", dir=self.scratch_root))
+        scratch_root.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(prefix="online-fidelity-", dir=scratch_root))
         try:
-            run_extraction({ONLINE_PARTITION: samples}, scratch, self.meta, replay, check_space=False)
-            record = self.calibrate(samples, SCRATCH_SHARD, ONLINE_PARTITION)
-            calibration = Calibration(
-                self.meta.model_id,
-                dtype_name(self.meta.dtype),
-                self.meta.last_kind,
-                self.config,
-                {SCRATCH_SHARD: record},
-            )
+            run_extraction({ONLINE_PARTITION: samples}, scratch, meta, replay, check_space=False)
+            records = {SCRATCH_SHARD: calibrate(samples, SCRATCH_SHARD, ONLINE_PARTITION)}
+            calibration = Calibration(meta.model_id, dtype_name(meta.dtype), meta.last_kind, config, records)
             write_calibration(scratch, calibration)
             corpus = CorpusShard(ONLINE_PARTITION, samples, [prompt_length(s) for s in samples])
-            self.outcomes = run_fidelity_checks(
-                scratch, [corpus], self.head, partition=ONLINE_PARTITION, device=self.device, config=self.config
+            outcomes = run_fidelity_checks(
+                scratch, [corpus], head, partition=ONLINE_PARTITION, device=device, config=config
             )
             scratch_bytes = sum(p.stat().st_size for p in scratch.rglob("*") if p.is_file())
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
-        failed = [o for o in self.outcomes if not o.passed]
+        failed = [o for o in outcomes if not o.passed]
         if failed:
             raise OnlineFidelityError(
-                f"the online feature stream failed {len(failed)} fidelity check(s) on its first {len(samples)} rows, "
-                "before the first optimizer step: " + " | ".join(o.summary for o in failed)
+                f"the online feature stream failed {len(failed)} fidelity check(s) on its first {len(samples)} "
+                "rows, before the first optimizer step: " + " | ".join(o.summary for o in failed)
             )
         return {
-            "fidelity": {o.name: o.summary for o in self.outcomes},
+            "fidelity": {o.name: o.summary for o in outcomes},
             "fidelity_rows": len(samples),
             "fidelity_scratch_bytes": scratch_bytes,
         }
+
+    return gate

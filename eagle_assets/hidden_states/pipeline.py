@@ -1,9 +1,7 @@
 """The backend-independent extraction loop: plan batches, skip finished shards, stream into the store.
 
-A backend only has to turn a batch of samples into per-sample feature tensors (``BatchFn``); this
-module owns everything that must behave the same whatever computes the features: which shards are
-already done (resume), the disk check, batching by token count, overlapping writes with compute,
-progress reporting, and cleaning up after a failure.
+A backend only turns a batch of samples into per-sample features (``BatchFn``); this owns what must behave the same
+whatever computes them: resume, the disk check, token-budget batches, writes overlapping compute, progress, cleanup.
 """
 
 from __future__ import annotations
@@ -79,12 +77,8 @@ def normalize_shards(shards: ShardsInput) -> list[tuple[str, list[HiddenStateSam
 
 
 def plan_batches(lengths: Sequence[int], max_tokens_per_batch: int, *, sort_by_length: bool = True) -> list[list[int]]:
-    """Group sample indices so that each padded batch holds at most ``max_tokens_per_batch`` tokens.
-
-    Sorting by length (longest first) makes neighbours similar, so right-padding wastes little, and
-    the longest sequences run first, so a budget too large for the device fails at once, not late.
-    A sample longer than the budget gets a batch of its own.
-    """
+    """Sample indices in batches of at most ``max_tokens_per_batch`` padded tokens (a longer sample alone). Longest
+    first: neighbours of similar length waste little padding, and a budget too large for the device fails at once."""
     if max_tokens_per_batch < 1:
         raise ValueError("max_tokens_per_batch must be positive")
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)) if sort_by_length else list(range(len(lengths)))
@@ -119,12 +113,8 @@ def run_extraction(
     check_space: bool = True,
     reserve_bytes: int = 0,
 ) -> ExtractReport:
-    """Compute and store the ``group`` features (default: all of ``meta.features``) of every shard.
-
-    Finished shards are skipped without calling ``compute``; an exception (from ``compute``, the
-    disk or the progress callback) removes the shard in progress and propagates, and a rerun with
-    the same arguments resumes from there.
-    """
+    """Compute and store the ``group`` features (default: all of ``meta.features``) of every shard. Finished shards
+    are skipped; an exception removes the shard in progress and propagates, and a rerun resumes from there."""
     group = tuple(group or meta.features)
     if any(f not in meta.features for f in group):
         raise ValueError(f"group {group} not among the store's features {meta.features}")
@@ -210,11 +200,8 @@ def _stream_shard(
     max_tokens_per_batch: int,
     batch_done: Callable[[int], None],
 ) -> None:
-    """Compute one shard batch by batch and commit its file; on any error the file is removed.
-
-    ``pool``'s one thread writes while the next batch computes (pwrite releases the GIL); at most two batches
-    are in flight so host memory stays bounded.
-    """
+    """Compute one shard batch by batch and commit its file, removed on any error. ``pool``'s one thread writes
+    while the next batch computes (pwrite releases the GIL), two batches at most in flight to bound host memory."""
     inflight: list[Future[None]] = []
     try:
         lengths = [len(s) for s in samples]

@@ -19,11 +19,8 @@ class SGLangResponseError(TargetError, RuntimeError):
 
 
 def build_generate_request(batch: Sequence[HiddenStateSample]) -> dict[str, Any]:
-    """Arguments of one ``Engine.generate`` call (also the ``/generate`` JSON body) for a batch.
-
-    One new token, greedy: the answer we want is the prefill's hidden states; ``max_new_tokens=1``
-    avoids relying on prefill-only support (``0``), which differs across SGLang versions.
-    """
+    """Arguments of one ``Engine.generate`` call (also the ``/generate`` JSON body): what is wanted is the prefill's
+    hidden states; one greedy new token, because prefill-only support (``max_new_tokens=0``) differs by version."""
     return {
         "input_ids": [list(map(int, s.input_ids)) for s in batch],
         "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
@@ -32,11 +29,8 @@ def build_generate_request(batch: Sequence[HiddenStateSample]) -> dict[str, Any]
 
 
 def features_from_response(response: Mapping[str, Any], sample: HiddenStateSample, width: int) -> torch.Tensor:
-    """The prompt-token rows [L, width] of one ``generate`` answer, checked against the request.
-
-    ``meta_info["hidden_states"][0]`` holds the prefill rows (nested lists of floats, or a tensor /
-    array); later elements, if any, belong to generated tokens and are ignored.
-    """
+    """The prompt-token rows [L, width] of one ``generate`` answer, checked against the request: the prefill's are
+    ``meta_info["hidden_states"][0]`` (nested lists, or a tensor); later elements are generated tokens'."""
     meta = response.get("meta_info")
     if not isinstance(meta, Mapping) or "hidden_states" not in meta:
         raise SGLangResponseError(

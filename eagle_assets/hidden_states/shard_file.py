@@ -1,9 +1,8 @@
 """One shard file of a store: its byte layout, its streaming writer, and the structural check of a file on disk.
 
-**Streaming writes.** Every sample's length is known before its features are computed, so the header (and
-therefore every row's byte offset) is written first and features are ``pwrite``-n to their place as batches
-finish, in any order (the backends sort by length). A shard never has to fit in RAM: at 56 KiB/token (Kimi
-K2.5) a 2,000-sample shard is ~200 GB. A shard is written to ``<name>.tmp-<host>-<pid>``, fsync-ed and renamed.
+Every sample's length is known before its features are, so the header (every row's byte offset) is written first
+and features are ``pwrite``-n into place as batches finish, in any order: a shard never has to fit in RAM (at 56
+KiB/token, a 2,000-sample Kimi K2.5 shard is ~200 GB). A shard is written to a temporary, fsync-ed and renamed.
 """
 
 from __future__ import annotations
@@ -195,11 +194,8 @@ class ShardWriter:
 
 
 def read_shard_header(path: Path) -> dict[str, Any] | None:
-    """The parsed header if ``path`` is a structurally complete safetensors file, else ``None``.
-
-    Complete = the 8-byte length and JSON header parse, the tensors tile the data buffer exactly and
-    the file is exactly as long as the header says (a truncated or partially copied file is not).
-    """
+    """The parsed header if ``path`` is a whole safetensors file (header parses, tensors tile the data exactly, the
+    size is what the header says: a truncated or partially copied file is not), else ``None``."""
     try:
         size = path.stat().st_size
         with open(path, "rb") as f:

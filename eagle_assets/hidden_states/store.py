@@ -32,13 +32,9 @@ def locate(starts: Sequence[int], total: int, i: int) -> tuple[int, int]:
 
 
 class HiddenStateStore:
-    """Random access to a store's samples, in corpus order (shard order, then order within a shard).
-
-    ``store[i]`` returns ``{"input_ids": int64 [L], "loss_mask": bool [L], "aux": [L, n_aux*H],
-    "last": [L, H]}`` (``last`` only when stored), as independent tensors in the store dtype (or
-    ``dtype``). Rows are read lazily from memory-mapped shard files, so iterating a multi-TB store
-    costs only what is read. Only complete shards (every feature present) are visible.
-    """
+    """Random access to a store's samples, in corpus order: ``store[i]`` is ``{"input_ids", "loss_mask", "aux",
+    "last"}`` read from memory-mapped shard files (a multi-TB store costs what is read), in the store dtype or
+    ``dtype``. Only complete shards (every feature present) are visible."""
 
     def __init__(self, directory: str | Path, *, dtype: torch.dtype | None = None, verify: bool = False):
         self.directory = Path(directory).expanduser().absolute()

@@ -7,16 +7,11 @@ Layout of a store directory::
     shard-00001-aux.safetensors      or one file per feature group when features come from
     shard-00001-last.safetensors     separate passes (SGLang backend: one engine per feature)
 
-Each shard file packs its samples back to back (no padding): ``aux`` [T, n_aux*H] (low | mid |
-high, in layer order), ``last`` [T, H], ``input_ids`` [T] int32, ``loss_mask`` [T] uint8 and
-``sample_offsets`` [n+1] int64, where T is the shard's token count. The safetensors header also
-carries the shard's sample ids and an input fingerprint, so a file can be checked on its own
-(``shard_file.py`` writes and checks one file, ``store_writer.py`` owns the index, ``store.py`` reads).
-
-The last hidden state is the final norm's output (``last_kind="post_norm"``, as HF's ``output_hidden_states[-1]``,
-SGLang's ``return_hidden_states`` and SpecForge's ``last_hidden_states``), so the target's logits are
-``lm_head(last)`` (``draft/target.py``); ``"pre_norm"`` is available from the HF backend. Default dtype bf16
-((3 + 1) × H × 2 bytes per token); fp32 for tests.
+A shard file packs its samples back to back: ``aux`` [T, n_aux*H] (low | mid | high), ``last`` [T, H],
+``input_ids`` [T] int32, ``loss_mask`` [T] uint8 and ``sample_offsets`` [n+1] int64; its header also carries the
+sample ids and an input fingerprint, so a file can be checked on its own. The last state is the final norm's output
+(``post_norm``, as HF's ``output_hidden_states[-1]``, SGLang's and SpecForge's), so the target's logits are
+``lm_head(last)``; the HF backend can also keep ``pre_norm``.
 """
 
 from __future__ import annotations

@@ -27,11 +27,8 @@ def _existing_ancestor(path: Path) -> Path:
 
 
 def check_disk(path: str | Path, bytes_needed: int, *, reserve_bytes: int = 0) -> int:
-    """Raise ``InsufficientDiskError`` unless the filesystem holding ``path`` has room; return free bytes.
-
-    ``reserve_bytes`` is headroom that must stay free after the write (logs, checkpoints, other
-    jobs sharing the disk). The path need not exist yet: its nearest existing ancestor is measured.
-    """
+    """Raise ``InsufficientDiskError`` unless the filesystem holding ``path`` (or its nearest existing ancestor) has
+    room, with ``reserve_bytes`` still free after the write (logs, checkpoints, other jobs); return free bytes."""
     where = _existing_ancestor(Path(path))
     free = shutil.disk_usage(where).free
     if bytes_needed + reserve_bytes > free:

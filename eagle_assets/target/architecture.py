@@ -34,13 +34,9 @@ def read_target_dims(model_path: str | Path) -> TargetDims:
 
 
 def validate_aux_layer_ids(ids: Iterable[int], num_layers: int | None) -> tuple[int, ...]:
-    """The HF indices as a tuple, or a ValueError that names what is wrong with them.
-
-    Strictly increasing (low → high, each layer once: a repeated layer is a feature the draft never gets), and
-    each in ``1 .. N-1``: index 0 is the embedding output (SGLang would need id -1) and index N is after the final
-    norm (see ``hidden_states/layers.py``). ``num_layers`` None (a draft config that does not know its target):
-    only ``>= 1`` is checked.
-    """
+    """The HF indices as a tuple, or a ValueError naming what is wrong: strictly increasing (a repeated layer is a
+    feature the draft never gets), each in ``1 .. N-1`` (0 is the embedding output, SGLang would need id -1; N is
+    after the final norm), or only ``>= 1`` when ``num_layers`` is None (a draft config not knowing its target)."""
     idx = tuple(int(i) for i in ids)
     if not idx:
         raise ValueError("at least one aux layer is needed")

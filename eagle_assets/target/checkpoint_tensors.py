@@ -1,13 +1,10 @@
-"""One tensor of a local safetensors checkpoint, read without loading the model (the head, the final norm, the
-embeddings), opening only the file that holds it.
+"""One tensor of a local safetensors checkpoint (the head, the final norm, the embeddings), read without loading
+the model and opening only the file that holds it: a sharded checkpoint (Kimi K2.5: 64 files, about 600 GB) names
+each tensor's file in its index; without one the files are searched in name order.
 
-A sharded checkpoint (the Kimi K2.5 release: 64 files, about 600 GB) names each tensor's file in
-``model.safetensors.index.json``; the name is matched there and only that shard is opened. Without an index
-(one ``model.safetensors``, or loose files) the files are searched in name order.
-
-A name matches a suffix when it equals it or ends with ``"." + suffix``, shortest name first, so
-``lm_head.weight`` finds a Llama's ``lm_head.weight`` and Kimi K2.5's ``language_model.lm_head.weight``, and
-``model.norm.weight`` finds ``language_model.model.norm.weight`` but not a vision tower's norm.
+A name matches a suffix when it equals it or ends with ``"." + suffix``, shortest name first, so ``lm_head.weight``
+finds Kimi K2.5's ``language_model.lm_head.weight`` and ``model.norm.weight`` its text model's norm, not a vision
+tower's.
 """
 
 from __future__ import annotations

@@ -96,7 +96,7 @@ class HFTargetFeatures:
         self.aux_layer_ids = tuple(aux_layer_ids)
 
     def __call__(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        _, aux, last = hf_forward(self.model, input_ids, self.aux_layer_ids, with_logits=False)
+        _, aux, last = hf_forward(self.model, input_ids, self.aux_layer_ids)
         return aux, last
 
 

@@ -10,7 +10,6 @@ from eagle_assets.draft.ttt import (
     simulated_acceptance,
     step_attention_mask,
     target_distribution,
-    ttt_attention_mask,
     ttt_forward,
 )
 from eagle_assets.draft.vocab import vocab_from_samples
@@ -53,6 +52,14 @@ def _setup(seed: int = 0, n: int = 4):
     model = Eagle3Draft(small_config(), data.embed_weight)
     model.set_vocab(vocab_from_samples(data, 128, 64))
     return model, data, collate([data[i] for i in range(n)])
+
+
+def ttt_attention_mask(seq_len: int, steps: int) -> torch.Tensor:
+    """Bool [K*T, K*T] over all steps' queries × keys, step-major; later steps' keys are never visible."""
+    full = torch.zeros(steps * seq_len, steps * seq_len, dtype=torch.bool)
+    for k in range(steps):
+        full[k * seq_len : (k + 1) * seq_len, : (k + 1) * seq_len] = step_attention_mask(seq_len, k)
+    return full
 
 
 def test_attention_mask_structure_k3():
