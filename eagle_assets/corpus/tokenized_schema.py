@@ -163,9 +163,3 @@ def write_tokenized(
     table = to_arrow(rows)
     write_parquet_atomic(Path(path), table, row_group_tokens=row_group_tokens, row_group_rows=row_group_rows)
     return table.num_rows
-
-
-def read_tokenized(path: Path) -> pl.DataFrame:
-    """A whole partition as polars, with ``TOKENIZED_SCHEMA`` (for tests and small partitions only)."""
-    # polars types the mapping's keys as column names or selectors, and a Mapping is invariant in its key type.
-    return pl.read_parquet(path).cast(TOKENIZED_SCHEMA)  # type: ignore[arg-type]

@@ -7,29 +7,13 @@ reruns, which is what makes skipping finished prompts safe.
 
 import hashlib
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import orjson
 
-from eagle_assets.datasets.file_readers import PromptFileError, RawRow
-from eagle_assets.datasets.formats import VALID_ROLES, RowError, RowFormat, detect_format, read_row
+from eagle_assets.datasets.file_readers import RawRow
+from eagle_assets.datasets.formats import RowFormat, read_row
 from eagle_assets.datasets.regeneration import DEFAULT_MODE, RegenerationModeError, single_request, turn_inputs
-from eagle_assets.datasets.sources import ResolvedSource, SourceSpec, resolve_source
-
-__all__ = [
-    "VALID_ROLES",
-    "Conversation",
-    "Prompt",
-    "PromptFileError",
-    "RowProblem",
-    "content_prompt_id",
-    "conversation_of",
-    "load_prompts",
-]
-
-
-SINGLE_REQUEST_MODES = ("last_user", "first_turn")
 
 
 @dataclass(frozen=True)
@@ -91,47 +75,3 @@ def conversation_of(
     if mode == "every_turn":
         return Conversation(cid, read.tools, row.line, row.index, turns=turn_inputs(read.messages, max_turns))
     return Conversation(cid, read.tools, row.line, row.index, request=single_request(read.messages, mode))
-
-
-def load_prompts(
-    path: str | Path, mode: str = DEFAULT_MODE, format: str | None = None
-) -> tuple[list[Prompt], list[RowProblem]]:
-    """Every prompt of a small local file, for tools and tests (the assets read shards lazily instead).
-
-    One prompt per row, so only the single-request modes: an every_turn conversation's later turns
-    depend on the target's earlier answers (read it with ``read_shard`` and ``TurnChains``)."""
-    if mode not in SINGLE_REQUEST_MODES:
-        raise RegenerationModeError(
-            f"load_prompts gives one prompt per row, so mode must be one of {', '.join(SINGLE_REQUEST_MODES)},"
-            f" not {mode!r}: every_turn conversations are read with read_shard and asked through TurnChains"
-        )
-    source = resolve_source(SourceSpec(path=Path(path)))
-    return _prompts_of(source, mode, format)
-
-
-def _prompts_of(source: ResolvedSource, mode: str, format: str | None) -> tuple[list[Prompt], list[RowProblem]]:
-    columns, samples = source.columns()
-    fmt = detect_format(columns, samples, format)
-    prompts: list[Prompt] = []
-    problems: list[RowProblem] = []
-    seen: set[str] = set()
-    for row in source.iter_rows():
-        try:
-            conv = conversation_of(row, fmt, mode)
-        except RowError as exc:
-            problems.append(RowProblem(row.file, row.line, str(exc), exc.reason, source.where(row)))
-            continue
-        if conv.conversation_id in seen:
-            problems.append(
-                RowProblem(
-                    row.file,
-                    row.line,
-                    f"duplicate prompt id {conv.conversation_id!r} (kept the first)",
-                    "duplicate_id",
-                    source.where(row),
-                )
-            )
-            continue
-        seen.add(conv.conversation_id)
-        prompts.append(conv.prompt())
-    return prompts, problems

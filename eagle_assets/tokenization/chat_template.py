@@ -113,19 +113,3 @@ def render_normalized(
         add_generation_prompt=add_generation_prompt,
         **{k: v for k, v in kwargs.items() if k != "documents"},
     )
-
-
-def render_chat(
-    template: str,
-    messages: Sequence[Message],
-    tools: Sequence[Any] | None = None,
-    add_generation_prompt: bool = False,
-    **kwargs: Any,
-) -> str:
-    """Render ``messages`` (and ``tools``) to the text the serving stack feeds the tokenizer.
-
-    ``kwargs`` reach the template as variables (``thinking``, ``tools_ts_str``, ...). This is HF's
-    generic rendering; what Kimi's own tokenizer adds (the TypeScript tool declaration) is
-    ``chat_encoding.render_kimi_chat``.
-    """
-    return render_normalized(template, normalize_messages(messages), tools, add_generation_prompt, kwargs)

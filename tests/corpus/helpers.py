@@ -8,7 +8,7 @@ import numpy as np
 import orjson
 import polars as pl
 
-from eagle_assets.corpus.tokenized_schema import EOT_ID, tokenized_row, write_tokenized
+from eagle_assets.corpus.tokenized_schema import EOT_ID, TOKENIZED_SCHEMA, tokenized_row, write_tokenized
 from eagle_assets.generation.records import PARQUET_SCHEMA
 from tests.corpus.synthetic import synthetic_tokenized_table
 
@@ -116,3 +116,9 @@ def tokenized_dataset(
             write_tokenized(path, table, row_group_rows=row_group_rows)
             paths.append(path)
     return paths
+
+
+def read_tokenized(path: Path) -> pl.DataFrame:
+    """A whole partition as polars, with ``TOKENIZED_SCHEMA``."""
+    # polars types the mapping's keys as column names or selectors, and a Mapping is invariant in its key type.
+    return pl.read_parquet(path).cast(TOKENIZED_SCHEMA)  # type: ignore[arg-type]

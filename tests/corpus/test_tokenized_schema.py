@@ -14,13 +14,12 @@ from eagle_assets.corpus.tokenized_schema import (
     ARROW_SCHEMA,
     EOT_ID,
     TOKENIZED_SCHEMA,
-    read_tokenized,
     to_arrow,
     write_tokenized,
 )
 from tests.corpus.synthetic import synthetic_tokenized_table
 
-from .helpers import Recon, tok_row
+from .helpers import Recon, read_tokenized, tok_row
 
 
 def test_derived_columns() -> None:

@@ -8,10 +8,11 @@ import orjson
 import pytest
 
 from eagle_assets.datasets.config import DatasetConfigError, load_datasets
-from eagle_assets.datasets.prompts import PromptFileError, load_prompts
+from eagle_assets.datasets.file_readers import PromptFileError
 from eagle_assets.datasets.samples import BUILDERS, sample_rows
 from eagle_assets.generation.partition_inputs import partition_inputs
 from eagle_assets.settings import REPO_ROOT
+from tests.datasets.prompt_files import load_prompts
 
 
 def write_yaml(tmp_path, text):

@@ -6,12 +6,12 @@ import pytest
 
 from eagle_assets.datasets.dataset_scan import DatasetQualityError, check_quality, load_or_scan, scan_dataset
 from eagle_assets.datasets.formats import detect_format
-from eagle_assets.datasets.prompts import load_prompts
 from eagle_assets.datasets.regeneration import RegenerationModeError
 from eagle_assets.datasets.sampling import RowOrder
 from eagle_assets.datasets.shard_reader import read_shard
 from eagle_assets.datasets.sources import SourceSpec, resolve_source
 from eagle_assets.errors import EagleForgeError
+from tests.datasets.prompt_files import load_prompts
 
 
 def good(i):
@@ -150,9 +150,9 @@ def test_repeated_conversations_are_asked_once_and_are_not_bad_rows(tmp_path):
     assert len(contents.conversations) == 16 and contents.rejected() == {"duplicate_id": 4}
 
 
-def test_load_prompts_refuses_every_turn_with_a_named_error(tmp_path):
+def test_an_every_turn_conversation_refuses_a_single_prompt_with_a_named_error(tmp_path):
     path = tmp_path / "s.jsonl"
     path.write_bytes(orjson.dumps(good(0)) + b"\n")
-    with pytest.raises(RegenerationModeError, match="every_turn conversations are read with read_shard"):
+    with pytest.raises(RegenerationModeError, match="an every_turn conversation has no single prompt"):
         load_prompts(path, mode="every_turn")
     assert issubclass(RegenerationModeError, EagleForgeError)

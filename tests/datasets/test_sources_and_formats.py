@@ -14,8 +14,9 @@ import zstandard
 
 from eagle_assets.datasets.file_readers import PromptFileError
 from eagle_assets.datasets.formats import FormatError, RowError, detect_format, read_row
-from eagle_assets.datasets.prompts import content_prompt_id, conversation_of, load_prompts
+from eagle_assets.datasets.prompts import content_prompt_id, conversation_of
 from eagle_assets.datasets.sources import SourceSpec, resolve_source
+from tests.datasets.prompt_files import load_prompts
 
 SHAREGPT = {
     "id": "sg-1",

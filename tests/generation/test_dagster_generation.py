@@ -173,8 +173,9 @@ def test_credits_sensor_backfills_exactly_the_missing_partitions(tmp_path, forge
 
 def test_tokenized_partition_matches_the_api_token_counts_exactly(tmp_path, forge_home):
     from eagle_assets.assets.tokens import build_tokenized_asset
-    from eagle_assets.corpus.tokenized_schema import EOT_ID, read_tokenized
+    from eagle_assets.corpus.tokenized_schema import EOT_ID
     from eagle_assets.layout import tokenized_path
+    from tests.corpus.helpers import read_tokenized
 
     spec = DatasetSpec("K4", write_prompts(tmp_path / "k4.jsonl", 40, tag="z"), 10**9, 40)
     gen = build_generated_asset(spec)
