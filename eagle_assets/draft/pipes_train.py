@@ -36,40 +36,32 @@ def read_history(path: Path) -> list[dict[str, Any]]:
     return [by_step[s] for s in sorted(by_step)]
 
 
+def _md(value: Any, kind: str) -> dict[str, Any]:
+    """A metadata entry as Pipes reports it."""
+    return {"raw_value": value, "type": kind}
+
+
 def training_metadata(history: Sequence[dict[str, Any]], export_dir: Path) -> dict[str, Any]:
     from eagle_assets.plots import line_chart_md
 
     if not history:
-        return {"steps": 0, "export": {"raw_value": str(export_dir), "type": "path"}}
+        return {"steps": 0, "export": _md(str(export_dir), "path")}
     last = history[-1]
     k = len(last["acc"])
     tail = history[-max(1, len(history) // 10) :]
+    accuracy = {f"step {i + 1}": [(m["step"], m["acc"][i]) for m in history] for i in range(k)}
     return {
         "steps": last["step"],
-        "final_loss": {"raw_value": round(statistics.fmean(m["loss"] for m in tail), 5), "type": "float"},
-        "final_acc_per_step": {
-            "raw_value": [round(statistics.fmean(m["acc"][i] for m in tail), 4) for i in range(k)],
-            "type": "json",
-        },
-        "simulated_tau": {"raw_value": round(statistics.fmean(m["sim_tau"] for m in tail), 3), "type": "float"},
-        "tokens_per_s": {"raw_value": round(statistics.median(m["tokens_per_s"] for m in history), 1), "type": "float"},
-        "tokens_seen": {"raw_value": int(sum(m["tokens"] for m in history)), "type": "int"},
-        "loss_curve": {
-            "raw_value": line_chart_md(
-                {"loss": [(m["step"], m["loss"]) for m in history]}, "training loss", "step", "loss"
-            ),
-            "type": "md",
-        },
-        "accuracy_curve": {
-            "raw_value": line_chart_md(
-                {f"step {i + 1}": [(m["step"], m["acc"][i]) for m in history] for i in range(k)},
-                "accuracy per TTT step",
-                "step",
-                "top-1 accuracy",
-            ),
-            "type": "md",
-        },
-        "export": {"raw_value": str(export_dir), "type": "path"},
+        "final_loss": _md(round(statistics.fmean(m["loss"] for m in tail), 5), "float"),
+        "final_acc_per_step": _md([round(statistics.fmean(m["acc"][i] for m in tail), 4) for i in range(k)], "json"),
+        "simulated_tau": _md(round(statistics.fmean(m["sim_tau"] for m in tail), 3), "float"),
+        "tokens_per_s": _md(round(statistics.median(m["tokens_per_s"] for m in history), 1), "float"),
+        "tokens_seen": _md(int(sum(m["tokens"] for m in history)), "int"),
+        "loss_curve": _md(
+            line_chart_md({"loss": [(m["step"], m["loss"]) for m in history]}, "training loss", "step", "loss"), "md"
+        ),
+        "accuracy_curve": _md(line_chart_md(accuracy, "accuracy per TTT step", "step", "top-1 accuracy"), "md"),
+        "export": _md(str(export_dir), "path"),
     }
 
 
@@ -114,11 +106,11 @@ def online_metadata(trainer: Trainer) -> dict[str, Any]:
         return {}
     stats = stream.stats
     return {
-        "target_tokens_per_s": {"raw_value": round(stats.tokens_per_s, 1), "type": "float"},
-        "target_seconds": {"raw_value": round(stats.seconds, 2), "type": "float"},
-        "waited_for_target_s": {"raw_value": round(stats.waited_s, 2), "type": "float"},
-        "online_fidelity": {"raw_value": stats.extra.get("fidelity", {}), "type": "json"},
-        "fidelity_scratch_bytes": {"raw_value": int(stats.extra.get("fidelity_scratch_bytes", 0)), "type": "int"},
+        "target_tokens_per_s": _md(round(stats.tokens_per_s, 1), "float"),
+        "target_seconds": _md(round(stats.seconds, 2), "float"),
+        "waited_for_target_s": _md(round(stats.waited_s, 2), "float"),
+        "online_fidelity": _md(stats.extra.get("fidelity", {}), "json"),
+        "fidelity_scratch_bytes": _md(int(stats.extra.get("fidelity_scratch_bytes", 0)), "int"),
     }
 
 

@@ -55,21 +55,12 @@ class SpeculativeResult(_Rounds):
     accepted: list[int]
     num_draft_tokens: int
 
-    @property
-    def rounds(self) -> int:
-        return len(self.accepted)
-
 
 @dataclass
 class AcceptanceStats(_Rounds):
     num_draft_tokens: int
     accepted: list[int] = field(default_factory=list)
     new_tokens: int = 0
-    target_forwards: int = 0  # prefills + verification rounds
-
-    @property
-    def tokens_per_target_forward(self) -> float:
-        return self.new_tokens / self.target_forwards if self.target_forwards else 0.0
 
 
 def _extend(
@@ -163,7 +154,6 @@ def evaluate_acceptance(
             r = speculative_generate(target, draft, p, max_new_tokens, num_draft_tokens=num_draft_tokens, eos_id=eos_id)
             stats.accepted.extend(r.accepted)
             stats.new_tokens += len(r.tokens)
-            stats.target_forwards += 1 + r.rounds
     finally:
         draft.train(was_training)
     return stats

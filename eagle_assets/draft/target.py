@@ -76,12 +76,9 @@ LiveRows = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 class TargetHead(nn.Module):
-    """``logits = lm_head(last)`` (post-norm store) or ``lm_head(norm(last))`` (pre-norm store), frozen.
-
-    The head is a copy in the default dtype (fp32, whatever the checkpoint's), so a bf16 store's logits
-    are computed at the head's precision; ``from_model`` shares the loaded model's own modules instead, for exactly
-    the arithmetic of its forward.
-    """
+    """``logits = lm_head(last)`` (post-norm store) or ``lm_head(norm(last))`` (pre-norm store), frozen: a copy in
+    the default dtype (fp32, whatever the checkpoint's), so a bf16 store's logits are computed at the head's
+    precision; ``from_model`` shares the loaded model's own modules instead, for exactly its forward's arithmetic."""
 
     _live_cache: tuple[tuple[Any, ...], LiveRows | None] | None = None
 
@@ -137,8 +134,7 @@ class TargetHead(nn.Module):
         return top, out
 
     def _live_rows(self) -> LiveRows | None:
-        """(ids of the non-zero rows, those rows, the first all-zero id, id → index among them or -1); None when
-        skipping rows would not pay (under a quarter of them zero) or the head has a bias. Kept per weight tensor."""
+        """``LiveRows``, or None when skipping rows would not pay (under a quarter zero) or the head has a bias."""
         w = self.lm_head.weight
         key = (w.data_ptr(), w.device, w.dtype, tuple(w.shape))
         cached = getattr(self, "_live_cache", None)

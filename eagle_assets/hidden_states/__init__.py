@@ -1,5 +1,4 @@
 """Target features for EAGLE-3 training: aux-layer hidden states and the last hidden state, on disk.
 
-docs/layout.md says which module decides what. Submodules are imported explicitly so that importing the package
-does not load torch-heavy code.
+Submodules are imported explicitly, so that importing the package does not load torch (docs/layout.md maps them).
 """

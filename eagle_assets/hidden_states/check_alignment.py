@@ -45,38 +45,37 @@ def check_alignment(
         )
     if shard.entry.get("input_fingerprint") != input_fingerprint(samples):
         v.failures.append("the store was computed from other inputs than the corpus shard now holds (fingerprint)")
-    bad_rows = bad_ids = bad_mask = bad_response = 0
+    rows, ids, mask, response = (
+        "feature rows ≠ input ids ≠ loss mask",
+        "input ids not the corpus's",
+        "loss mask not the corpus's",
+        "loss mask not exactly the response",
+    )
+    bad = dict.fromkeys((rows, ids, mask, response), 0)
     examples: list[str] = []
     for i, s in enumerate(samples[: len(offsets) - 1]):
         start, end = offsets[i], offsets[i + 1]
         n, corpus_mask = len(s.input_ids), list(s.loss_mask)
         if end - start != n or len(corpus_mask) != n:
-            bad_rows += 1
+            bad[rows] += 1
             examples.append(f"{s.sample_id}: {end - start} rows, {n} ids, {len(corpus_mask)} mask entries")
             continue
-        if ids_store[start:end].tolist() != list(s.input_ids):
-            bad_ids += 1
-            examples.append(f"{s.sample_id}: stored input ids differ from the corpus's")
         stored_mask = mask_store[start:end].tolist()
-        if stored_mask != corpus_mask:
-            bad_mask += 1
-            examples.append(f"{s.sample_id}: stored loss mask differs from the corpus's")
-        response = [int(t >= prompt_lens[i]) for t in range(n)]
-        if stored_mask != response:
-            bad_response += 1
-            examples.append(
-                f"{s.sample_id}: mask covers {sum(stored_mask)} tokens, the response is {n - prompt_lens[i]} "
-                f"(prompt_len {prompt_lens[i]})"
-            )
-    for count, what in (
-        (bad_rows, "feature rows ≠ input ids ≠ loss mask"),
-        (bad_ids, "input ids not the corpus's"),
-        (bad_mask, "loss mask not the corpus's"),
-        (bad_response, "loss mask not exactly the response"),
-    ):
-        if count:
-            v.failures.append(f"{count} of {len(samples)} samples with {what}")
+        for what, wrong, example in (
+            (ids, ids_store[start:end].tolist() != list(s.input_ids), "stored input ids differ from the corpus's"),
+            (mask, stored_mask != corpus_mask, "stored loss mask differs from the corpus's"),
+            (
+                response,
+                stored_mask != [int(t >= prompt_lens[i]) for t in range(n)],
+                f"mask covers {sum(stored_mask)} tokens, the response is {n - prompt_lens[i]} "
+                f"(prompt_len {prompt_lens[i]})",
+            ),
+        ):
+            if wrong:
+                bad[what] += 1
+                examples.append(f"{s.sample_id}: {example}")
+    v.failures += [f"{count} of {len(samples)} samples with {what}" for what, count in bad.items() if count]
     if examples:
         v.failures.append("e.g. " + "; ".join(examples[:3]))
-    v.metadata.update(samples=len(samples), tokens=t_total, misaligned_samples=bad_rows + bad_ids + bad_mask)
+    v.metadata.update(samples=len(samples), tokens=t_total, misaligned_samples=bad[rows] + bad[ids] + bad[mask])
     return outcome(ALIGNMENT, where, v, f"{len(samples)} samples, {t_total} tokens, masks exactly on the responses")

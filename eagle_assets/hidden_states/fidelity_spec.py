@@ -1,8 +1,4 @@
-"""The fidelity checks' names and settings, without torch: the Dagster definitions import this at load time.
-
-The checks themselves are in ``fidelity_checks.py``, what they share in ``fidelity.py`` and the target run in
-full they are held to in ``calibration.py``.
-"""
+"""The fidelity checks' names and settings, without torch: the Dagster definitions import this at load time."""
 
 import math
 from dataclasses import asdict, dataclass

@@ -102,10 +102,7 @@ def resolve_aux_layers(
     *,
     convention: str = "hf",
 ) -> AuxLayers:
-    """Accept ``None`` (the default), an ``AuxLayers``, or a list in the named convention.
-
-    ``convention`` is one of ``"hf"`` (HF indices), ``"sglang"`` (explicit SGLang ids) or ``"vllm"``.
-    """
+    """``None`` (the default), an ``AuxLayers``, or a list in ``convention``: ``"hf"``, ``"sglang"`` or ``"vllm"``."""
     if layers is None:
         return AuxLayers.default(num_layers)
     if isinstance(layers, AuxLayers):

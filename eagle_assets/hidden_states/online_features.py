@@ -129,10 +129,7 @@ def online_stream(
     batch_fn: BatchFn | None = None,
 ) -> OnlineFeatureStream:
     """The stream of an online run (``train_cli``'s tokens data): per-batch function, prefetch depth, gate.
-
-    ``batch_fn`` replaces the backend's per-batch function (tests give the broken producers of the fidelity tests:
-    the gate must stop them); the gate's calibration still comes from the backend.
-    """
+    ``batch_fn`` replaces the backend's per-batch function, not its calibration (tests: producers the gate stops)."""
     if not target.path:
         raise ValueError("online features need target.path")
     dims = read_target_dims(target.path)

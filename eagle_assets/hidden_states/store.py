@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from bisect import bisect_right
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from itertools import accumulate
 from pathlib import Path
 from typing import Any
@@ -12,7 +12,6 @@ from typing import Any
 import torch
 
 from eagle_assets.hidden_states.layers import AuxLayers
-from eagle_assets.hidden_states.shard_file import read_shard_header
 from eagle_assets.hidden_states.store_format import INDEX_NAME, StoreError, StoreMeta
 
 
@@ -36,7 +35,7 @@ class HiddenStateStore:
     "last"}`` read from memory-mapped shard files (a multi-TB store costs what is read), in the store dtype or
     ``dtype``. Only complete shards (every feature present) are visible."""
 
-    def __init__(self, directory: str | Path, *, dtype: torch.dtype | None = None, verify: bool = False):
+    def __init__(self, directory: str | Path, *, dtype: torch.dtype | None = None):
         self.directory = Path(directory).expanduser().absolute()
         p = self.directory / INDEX_NAME
         if not p.exists():
@@ -47,11 +46,6 @@ class HiddenStateStore:
         self._shards: list[dict[str, Any]] = [e for _, e in sorted(self.index["shards"].items()) if e.get("complete")]
         self._starts, self._len = starts_of([e["n_samples"] for e in self._shards])
         self._handles: dict[str, Any] = {}
-        if verify:
-            for e in self._shards:
-                for name in e["files"]:
-                    if read_shard_header(self.directory / name) is None:
-                        raise StoreError(f"{name} is damaged (truncated or not safetensors)")
 
     @property
     def layers(self) -> AuxLayers:
@@ -71,10 +65,6 @@ class HiddenStateStore:
 
     def __len__(self) -> int:
         return self._len
-
-    def sample_id(self, i: int) -> str:
-        k, j = locate(self._starts, self._len, i)
-        return self._shards[k]["sample_ids"][j]
 
     def _handle(self, name: str) -> Any:
         h = self._handles.get(name)
@@ -107,10 +97,6 @@ class HiddenStateStore:
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         for i in range(self._len):
             yield self[i]
-
-    def iter_ids(self) -> Iterable[str]:
-        for e in self._shards:
-            yield from e["sample_ids"]
 
     def close(self) -> None:
         self._handles.clear()

@@ -17,19 +17,11 @@ def estimate_store_bytes(
     return int(n_tokens) * per_token
 
 
-def _existing_ancestor(path: Path) -> Path:
-    p = path.expanduser().absolute()
-    while not p.exists():
-        if p.parent == p:
-            break
-        p = p.parent
-    return p
-
-
 def check_disk(path: str | Path, bytes_needed: int, *, reserve_bytes: int = 0) -> int:
     """Raise ``InsufficientDiskError`` unless the filesystem holding ``path`` (or its nearest existing ancestor) has
     room, with ``reserve_bytes`` still free after the write (logs, checkpoints, other jobs); return free bytes."""
-    where = _existing_ancestor(Path(path))
+    p = Path(path).expanduser().absolute()
+    where = next(q for q in (p, *p.parents) if q.exists())
     free = shutil.disk_usage(where).free
     if bytes_needed + reserve_bytes > free:
         raise InsufficientDiskError(

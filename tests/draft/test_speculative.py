@@ -47,7 +47,7 @@ def test_untrained_draft_output_equals_greedy(target, prompts):
     for p in prompts[48:50]:
         r = speculative_generate(target, draft, p, 20, num_draft_tokens=3)
         assert r.tokens == generate_greedy(target, p, 20, eos_id=None)
-        assert r.tau >= 1.0 and r.rounds >= 1
+        assert r.tau >= 1.0 and len(r.accepted) >= 1
 
 
 @pytest.mark.slow
@@ -62,7 +62,6 @@ def test_trained_draft_output_equals_greedy_and_beats_untrained(target, prompts,
     good = evaluate_acceptance(target, trained, held_out, 24, num_draft_tokens=3)
     assert base.tau < 1.2
     assert good.tau > base.tau + 0.8, (good.tau, good.position_accept_rate)
-    assert 1.0 <= good.tokens_per_target_forward <= good.tau
 
 
 def test_stops_at_eos_like_greedy(target, prompts, trained):

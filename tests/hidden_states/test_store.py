@@ -91,12 +91,11 @@ def test_reader_order_and_contents(tmp_path):
     run_extraction(corpus, tmp_path, meta(), FakeFeatures(), max_tokens_per_batch=50)
     flat = [s for shard in corpus for s in shard]
     ref = FakeFeatures()(flat)
-    with HiddenStateStore(tmp_path, verify=True) as store:
+    with HiddenStateStore(tmp_path) as store:
         assert len(store) == len(flat)
-        assert list(store.iter_ids()) == [s.sample_id for s in flat]
+        assert [i for e in store.shard_entries for i in e["sample_ids"]] == [s.sample_id for s in flat]
         assert store.n_tokens == sum(len(s) for s in flat)
         for i, (s, item) in enumerate(zip(flat, store, strict=True)):
-            assert store.sample_id(i) == s.sample_id
             assert item["input_ids"].dtype == torch.int64 and item["input_ids"].tolist() == list(s.input_ids)
             assert item["loss_mask"].dtype == torch.bool and item["loss_mask"].tolist() == [
                 bool(m) for m in s.loss_mask
@@ -136,7 +135,7 @@ def test_changed_corpus_shard_is_recomputed_not_reused(tmp_path):
     changed = [corpus[0], make_corpus(seed=9, n_shards=1)[0]]
     report = run_extraction(changed, tmp_path, meta(), FakeFeatures())
     assert (report.shards_skipped, report.shards_computed) == (1, 1)
-    assert list(HiddenStateStore(tmp_path).iter_ids())[-len(changed[1]) :] == [s.sample_id for s in changed[1]]
+    assert HiddenStateStore(tmp_path).shard_entries[-1]["sample_ids"] == [s.sample_id for s in changed[1]]
 
 
 def test_crash_between_rename_and_index_update_is_recovered(tmp_path):
