@@ -94,10 +94,8 @@ class UncertainAttempt:
 
 @dataclass(frozen=True)
 class Denial:
-    """Why a reservation was refused: the ``usd`` budget, the dataset's ``tokens`` budget, or the key's ``credits``.
-
-    ``fit``: how many of the requests would have fit (fewer than the minimum asked for).
-    """
+    """Why a reservation was refused: the ``usd`` budget, the dataset's ``tokens`` budget, or the key's ``credits``;
+    ``fit``: how many of the requests would have fit."""
 
     reason: str
     detail: str
@@ -115,13 +113,9 @@ class Totals:
 
 @dataclass(frozen=True)
 class Outlook:
-    """Where a budget will stand once everything in flight has settled at its expected cost.
-
-    ``expected_usd``: spent + what the open requests will cost on average, at the mean length and the
-    prices providers actually charged so far (None while some dataset has no length statistics yet);
-    ``batch_held_usd``: what ``batch`` more requests like the given one would hold
-    on their own; ``expected_tokens``: the dataset's produced + open × mean (None without statistics).
-    """
+    """Where a budget will stand once everything in flight has settled at its expected cost (at the prices
+    providers charged so far); None while there are no length statistics yet. ``batch_held_usd``: what ``batch``
+    more requests like the given one would hold on their own."""
 
     expected_usd: float | None
     batch_held_usd: float

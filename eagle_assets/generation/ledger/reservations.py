@@ -83,11 +83,8 @@ def _with_requests(base: _Open, requests: list[ReservationRequest], hard: bool) 
 
 
 def longest_fit(n: int, check: Callable[[int], Denial | None]) -> tuple[int, Denial | None]:
-    """How many of ``n`` requests fit, in order, and why one more does not (None: all ``n`` fit).
-
-    ``check(k)``: why the first ``k`` do not all fit, or None. Every condition only tightens as ``k`` grows,
-    so the longest prefix that fits is found by bisection, usually in one call (everything fits).
-    """
+    """How many of ``n`` requests fit, in order, and why one more does not (None: all ``n`` fit). Every condition of
+    ``check(k)`` only tightens as ``k`` grows, so bisection finds the longest prefix, usually in one call."""
     denial = check(n)
     if denial is None:
         return n, None
@@ -178,9 +175,8 @@ class ReservationsRole(OwnersRole):
     ) -> tuple[list[Reservation], Denial | None]:
         """Reserve requests in order until one does not fit; all or nothing below ``min_grant``.
 
-        ``account_cap_usd``: the most the ledger's total spend may reach on the key's remaining credit
-        (spend at the last poll + the key's ``limit_remaining``); a denial on it reads ``credits``.
-        A plain tuple ``(dataset, partition, prompt_id, usd, tokens)`` is a request of fixed cost ``usd``.
+        ``account_cap_usd``: the most the ledger's total spend may reach on the key's remaining credit (a denial on
+        it reads ``credits``). A plain tuple ``(dataset, partition, prompt_id, usd, tokens)`` costs a fixed ``usd``.
         """
         if self.account is not None:
             self._check_account("budget_usd", to_nano(budget_usd) / NANO, to_nano(self.account.budget_usd) / NANO)
@@ -297,13 +293,9 @@ class ReservationsRole(OwnersRole):
 
     @reconnecting(idempotent=True)
     def lease_slots(self, want: int, in_use: int, capacity: int) -> int:
-        """How many requests this process may have in flight now, out of ``capacity`` for the whole ledger.
-
-        Every process records what it wants; each gets a fair share (``admission.fair_shares``), and
-        never more than the others leave free. A process above its share keeps the slots it uses and
-        gives them back as its requests finish (``held = max(in_use, limit)``), so the sum of what is
-        held never passes the capacity.
-        """
+        """How many requests this process may have in flight now, out of ``capacity`` for the whole ledger: a fair
+        share of what every process wants, never more than the others leave free. A process above its share keeps
+        the slots it uses until its requests finish, so the sum held never passes the capacity."""
         if self.account is not None:
             self._check_account("max_in_flight", capacity, self.account.max_in_flight)
         if time.monotonic() - self._last_dead_check > min(DEAD_OWNER_CHECK_S, self.lease_s / 10):

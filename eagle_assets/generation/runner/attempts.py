@@ -66,9 +66,7 @@ class Attempts(Skips):
             return await self._on_answer(tries, raw, out)
         self.report.errors[out.error_class] += 1
         if out.action is Action.RETRY and self._maybe_billed(raw, out):
-            # The request may have been billed (an abandoned request is billed in full, a partial answer
-            # for what it produced): charge it provisionally, to be settled from /generation by its id
-            # later, and reserve afresh for the retry.
+            # Maybe billed: charged provisionally (settled from /generation later), the retry reserved afresh.
             self._charge_uncertain(tries.res, raw, out)
             return await self._retry_afresh(tries, backoff=True, retry_after_s=out.retry_after_s)
         if out.cost_usd:
@@ -124,9 +122,8 @@ class Attempts(Skips):
         return False
 
     async def _retry_afresh(self, tries: _PromptTries, *, backoff: bool, retry_after_s: float | None = None) -> bool:
-        """A failed attempt whose reservation is used up (settled, or charged until settlement): unless the prompt
-        has used ``max_attempts``, wait its backoff (if ``backoff``) and reserve it afresh. False: failed, or no
-        headroom left for a retry (the prompt stays pending)."""
+        """A failed attempt whose reservation is used up: wait its backoff and reserve the prompt afresh. False: it
+        used ``max_attempts``, or no headroom is left for a retry (the prompt stays pending)."""
         if not self._count_failure(tries):
             return False
         if backoff:
@@ -140,9 +137,7 @@ class Attempts(Skips):
     async def _retry_held(self, tries: _PromptTries, out: Outcome) -> bool:
         """A retryable error that billed nothing uncertain: the reservation still holds, and the prompt is asked
         again on it after a congestion wait or a failure's backoff. False: it has used ``max_attempts``."""
-        if out.error_class in CONGESTION:
-            # The server asked us to slow down: that is pacing, not this prompt failing, so it draws
-            # on its own (much larger) allowance instead of max_attempts.
+        if out.error_class in CONGESTION:  # pacing, not this prompt failing: its own (larger) allowance
             self.limiter.on_congestion()
             tries.congestion_waits += 1
             if tries.congestion_waits <= self.s.retry.max_congestion_waits:
@@ -163,8 +158,7 @@ class Attempts(Skips):
 
     @staticmethod
     def _maybe_billed(raw: RawResponse, out: Outcome) -> bool:
-        """An attempt whose bill is unknown: no answer came whole (timeout, drop, torn body), or the answer
-        ended in an error after producing output and says no cost (OpenRouter documents only
+        """No answer came whole, or it ended in an error after output and says no cost (OpenRouter documents only
         zero-completion answers as free)."""
         if raw.transport_error is not None or out.error_class == "malformed":
             return True
@@ -189,7 +183,6 @@ class Attempts(Skips):
         cost = self._provisional_usd(res, out)
         self.report.uncertain_usd += cost
         self.report.spent_usd += cost
-        # With an id (head, first chunk, body prefix) the charge is provisional until /generation knows it.
         self._settler.charge(res, cost, generation_id_of(raw))
 
     def _on_accepted(self) -> None:

@@ -15,10 +15,8 @@ from eagle_assets.generation.runner.attempts import Attempts
 
 class Dispatch(Attempts):
     def _probing(self, now: float) -> bool:
-        """The first wave is held (``breaker.holds_first_wave``): until ``breaker_threshold`` requests were
-        accepted (their 200 heads came, as OpenRouter sends them before the answer), the first success, or that
-        many answers, whichever comes first. A request-wide error then costs that many requests, not a wave of
-        ``max_in_flight``; a working request, the time to its response heads."""
+        """The first wave is held (``breaker.holds_first_wave``): a request-wide error then costs ``breaker_threshold``
+        requests, not a wave of ``max_in_flight``; a working request, the time to its response heads."""
         if self._probe_over:
             return False
         if self.breaker.holds_first_wave and not self._abort.is_set():
@@ -120,10 +118,8 @@ class Dispatch(Attempts):
         if held <= 1e-12:
             self._stop_for(denial)
             return False
-        # Another process's requests hold the headroom (other partitions, other hosts): stopping would end
-        # this partition with 0 done whenever another host reserved first. They settle, or their owner's
-        # lease lapses and recovery charges them, and then it is known what fits. A live owner whose
-        # requests do not move for ``others_stall_s`` is not waited for any longer.
+        # Other runs hold the headroom: stopping would end this partition with 0 done whenever another host reserved
+        # first. Wait until they settle (or are recovered), but not on a live owner stalled for ``others_stall_s``.
         now = time.monotonic()
         first_wait = self._others_held is None
         if self._others_held is None or abs(held - self._others_held[0]) > 1e-12:
@@ -143,10 +139,8 @@ class Dispatch(Attempts):
     async def _dispatch(self, pending: list[Prompt]) -> None:
         """Keep the workers supplied with reserved prompts until none are left or a budget stops the run.
 
-        Reservations run up to four ``reserve_chunk`` ahead of the workers. Once a budget refuses (the
-        wall), they are made only in batches of ``_tail_min()``, and admission stops when such a batch
-        will not fit even after everything in flight has settled (``_another_batch_fits``), or fewer fit
-        while nothing of this run is in flight: a few requests at a time would each cost a round trip.
+        Once a budget refuses (the wall), reservations are made only in batches of ``_tail_min()``, and admission
+        stops when such a batch will not fit even after everything in flight has settled (``_another_batch_fits``).
         """
         queue = self._queue
         queue.extend(pending)
@@ -159,10 +153,8 @@ class Dispatch(Attempts):
                     await self._await_next_turns()
                     continue
                 limit = self._limit_now()
-                # Two to four chunks ready ahead of the workers, so a burst of answers does not find the
-                # queue empty; none at the wall, where every reservation counts; and never more than the
-                # workers' own share, since what is reserved and unsent holds budget another process (a
-                # host with the other half of the in-flight cap) could be spending.
+                # Chunks ready ahead of the workers, so a burst of answers does not find the queue empty; none at
+                # the wall; never more than this process's share (reserved and unsent holds others' budget).
                 ahead = 0 if self._at_wall else min(4 * self.s.reserve_chunk, limit)
                 room = limit + ahead - self._busy - len(self._ready)
                 if room < (1 if self._at_wall else min(self.s.reserve_chunk, len(queue), max(1, ahead))):
@@ -196,12 +188,10 @@ class Dispatch(Attempts):
                     if not await self._admit_while_idle(queue, chunk, size):
                         break
                     continue
-                # Headroom is held by requests still running, here or in other processes: look again when
-                # settlements come in (at most once per commit interval), or after a while for the others.
+                # Headroom is held by requests still running: look again when settlements come in.
                 await asyncio.sleep(self.s.commit_interval_s)
                 await self._wait_wake(0.25)
-            # The queue is done (or admission stopped): the workers finish what is ready and running (and
-            # if this process's share dropped so low that they all left, new ones start as it grows back).
+            # The workers finish what is ready and running (new ones start if the share grows back).
             while self._tasks or (self._ready and not self._abort.is_set()):
                 self._staff()
                 await self._wait_wake(0.25)
