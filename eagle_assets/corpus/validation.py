@@ -124,6 +124,15 @@ def _problems(
     return counts, total, examples
 
 
+def _problem_outcome(
+    name: str, counts: dict[str, int], total: int, examples: list[dict[str, Any]], summary: str
+) -> CheckOutcome:
+    n_bad = sum(counts.values())
+    metadata: dict[str, MetadataValue] = {"rows": total, "failing_rows": n_bad}
+    metadata.update({f"problem.{p}": n for p, n in counts.items()})
+    return CheckOutcome(name, n_bad == 0, summary, metadata, examples)
+
+
 def check_unique_prompt_ids(source: ParquetSource, settings: DuckDBSettings = DEFAULT_SETTINGS) -> CheckOutcome:
     """A prompt answered twice is trained on twice and makes the merge's choice of copy arbitrary."""
     params = {"paths": source_paths(source)}
@@ -229,11 +238,7 @@ def check_nonempty_responses(source: ParquetSource, settings: DuckDBSettings = D
     return CheckOutcome("nonempty_responses", passed, summary, stats, [] if passed else examples)
 
 
-def check_finish_reasons(
-    source: ParquetSource,
-    known: Collection[str] = KNOWN_FINISH_REASONS,
-    settings: DuckDBSettings = DEFAULT_SETTINGS,
-) -> CheckOutcome:
+def check_finish_reasons(source: ParquetSource, settings: DuckDBSettings = DEFAULT_SETTINGS) -> CheckOutcome:
     """An unexpected reason (``error``, ``unknown``, null) means the end of the sample is not understood."""
     params = {"paths": source_paths(source)}
     with duckdb_connection(settings) as con:
@@ -243,8 +248,7 @@ def check_finish_reasons(
                FROM {src} GROUP BY finish_reason ORDER BY finish_reason NULLS LAST""",
             params,
         )
-    known_set = set(known)
-    unknown = [c for c in counts if c["finish_reason"] not in known_set]
+    unknown = [c for c in counts if c["finish_reason"] not in KNOWN_FINISH_REASONS]
     metadata: dict[str, MetadataValue] = {"rows": sum(c["n"] for c in counts)}
     metadata.update({f"finish_reason.{c['finish_reason']}": c["n"] for c in counts})
     metadata["unknown_rows"] = sum(c["n"] for c in unknown)
@@ -258,19 +262,14 @@ def check_finish_reasons(
     return CheckOutcome("finish_reasons", passed, summary, metadata, unknown[: settings.max_examples])
 
 
-def check_end_of_turn(
-    source: ParquetSource,
-    eot_id: int = EOT_ID,
-    ended_reasons: Collection[str] = ENDED_FINISH_REASONS,
-    settings: DuckDBSettings = DEFAULT_SETTINGS,
-) -> CheckOutcome:
+def check_end_of_turn(source: ParquetSource, settings: DuckDBSettings = DEFAULT_SETTINGS) -> CheckOutcome:
     """A finished turn ends in exactly one ``<|im_end|>``; a cut-off one has none (tokenized data).
 
     Counted from ``input_ids`` themselves, and the stored ``ends_with_eot``/``eot_count`` are checked
     against them: a draft trained on a spurious end-of-turn learns to end turns early, and a missing
     one never learns to stop.
     """
-    params = {"paths": source_paths(source), "eot": eot_id, "ended": sorted(ended_reasons)}
+    params = {"paths": source_paths(source), "eot": EOT_ID, "ended": sorted(ENDED_FINISH_REASONS)}
     classified = """
         WITH t AS (
             SELECT prompt_id, filename, finish_reason, ends_with_eot, eot_count,
@@ -295,15 +294,12 @@ def check_end_of_turn(
     with duckdb_connection(settings) as con:
         counts, total, examples = _problems(con, classified, columns, params, settings.max_examples)
     n_bad = sum(counts.values())
-    metadata: dict[str, MetadataValue] = {"rows": total, "failing_rows": n_bad}
-    metadata.update({f"problem.{p}": n for p, n in counts.items()})
-    passed = n_bad == 0
     summary = (
         "every finished sample ends in exactly one end-of-turn, cut-off samples have none"
-        if passed
+        if not n_bad
         else f"{n_bad} rows with a wrong end-of-turn: " + ", ".join(f"{p}: {n}" for p, n in counts.items())
     )
-    return CheckOutcome("end_of_turn", passed, summary, metadata, examples)
+    return _problem_outcome("end_of_turn", counts, total, examples, summary)
 
 
 def check_token_diff(
@@ -387,11 +383,8 @@ def check_token_layout(source: ParquetSource, settings: DuckDBSettings = DEFAULT
     with duckdb_connection(settings) as con:
         counts, total, examples = _problems(con, classified, columns, params, settings.max_examples)
     n_bad = sum(counts.values())
-    metadata: dict[str, MetadataValue] = {"rows": total, "failing_rows": n_bad}
-    metadata.update({f"problem.{p}": n for p, n in counts.items()})
-    passed = n_bad == 0
-    summary = "ids, mask and counts consistent" if passed else f"{n_bad} rows whose counts do not match their ids"
-    return CheckOutcome("token_layout", passed, summary, metadata, examples)
+    summary = "ids, mask and counts consistent" if not n_bad else f"{n_bad} rows whose counts do not match their ids"
+    return _problem_outcome("token_layout", counts, total, examples, summary)
 
 
 def length_distribution(source: ParquetSource, settings: DuckDBSettings = DEFAULT_SETTINGS) -> CheckOutcome:

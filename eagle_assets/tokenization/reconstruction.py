@@ -99,20 +99,18 @@ def _arguments_text(arguments: Any) -> str:
     return json.dumps(arguments, ensure_ascii=False)
 
 
-def effective_tool_calls(
-    tool_calls: Sequence[Mapping[str, Any]], prior_calls: int, *, normalize_ids: bool = True
-) -> list[dict[str, Any]]:
+def effective_tool_calls(tool_calls: Sequence[Mapping[str, Any]], prior_calls: int) -> list[dict[str, Any]]:
     """The calls as the model wrote them: string arguments, and Kimi ``functions.NAME:IDX`` ids.
 
     Providers may replace the model's ids (``call_abc123``); the model itself writes
     ``functions.NAME:IDX`` with IDX counting calls across the conversation (vLLM's convention), so
-    such ids are rebuilt from that counter when ``normalize_ids``.
+    such ids are rebuilt from that counter.
     """
     out = []
     for i, call in enumerate(tool_calls):
         fn = call.get("function") or {}
         tool_id = call.get("id")
-        if normalize_ids and not _is_native_tool_id(tool_id):
+        if not _is_native_tool_id(tool_id):
             tool_id = f"functions.{fn.get('name', '')}:{prior_calls + i}"
         out.append(
             {
@@ -174,7 +172,7 @@ def raw_tool_section(content: str | None, finish_reason: str | None) -> ParsedTo
     return None
 
 
-def response_segments(tokenizer: KimiTokenizer, record: Any, *, normalize_tool_call_ids: bool = True) -> list[Segment]:
+def response_segments(tokenizer: KimiTokenizer, record: Any) -> list[Segment]:
     """The response as ordinary-text pieces and special ids, in generation order."""
     sid = tokenizer.special_id
     finish = _get(record, "finish_reason")
@@ -187,7 +185,7 @@ def response_segments(tokenizer: KimiTokenizer, record: Any, *, normalize_tool_c
     tool_part: list[Segment] = []
     if structured:
         prior = _history_tool_call_count(_get(record, "messages") or [])
-        calls = effective_tool_calls(structured, prior, normalize_ids=normalize_tool_call_ids)
+        calls = effective_tool_calls(structured, prior)
         tool_part = [sid(SECTION_BEGIN), *_call_segments(tokenizer, calls), sid(SECTION_END)]
     elif (parsed := raw_tool_section(content, finish)) is not None:
         content = parsed.content
@@ -264,17 +262,13 @@ def _assemble(
 
 
 def reconstruct(
-    record: Any,
-    tokenizer: KimiTokenizer | None = None,
-    *,
-    normalize_tool_call_ids: bool = True,
-    data_specials: DataSpecials = "special",
+    record: Any, tokenizer: KimiTokenizer | None = None, *, data_specials: DataSpecials = "special"
 ) -> Reconstruction:
     """One sample's ids and loss mask; ``completion_len`` is comparable to ``usage.completion_tokens``,
     ``prompt_len`` to ``usage.prompt_tokens``."""
     tok = tokenizer or load_kimi_tokenizer()
     prompt = prompt_segments(tok, record, data_specials=data_specials)
-    response = response_segments(tok, record, normalize_tool_call_ids=normalize_tool_call_ids)
+    response = response_segments(tok, record)
     return _assemble(prompt, response, tok.encoding.encode_ordinary)
 
 
@@ -317,42 +311,30 @@ def reconstruct_batch(
     tokenizer: KimiTokenizer | None = None,
     *,
     num_threads: int | None = None,
-    normalize_tool_call_ids: bool = True,
     data_specials: DataSpecials = "special",
 ) -> list[Reconstruction]:
     """``[reconstruct(r) for r in records]``, with all ordinary text encoded in one threaded pass."""
+    tok = tokenizer or load_kimi_tokenizer()
+    threads = num_threads if num_threads is not None else min(4, os.cpu_count() or 1)
     gc_was_enabled = gc.isenabled()
     # Millions of freshly allocated id lists trigger repeated full collections that only rescan
     # them (measured: up to ~1.5x slower); nothing here creates reference cycles.
     gc.disable()
     try:
-        return _reconstruct_batch(records, tokenizer, num_threads, normalize_tool_call_ids, data_specials)
+        plans: list[tuple[list[Segment], list[Segment]]] = []
+        texts: list[str] = []
+        for record in records:
+            prompt = prompt_segments(tok, record, data_specials=data_specials)
+            response = response_segments(tok, record)
+            plans.append((prompt, response))
+            texts.extend(s for s in prompt if isinstance(s, str))
+            texts.extend(s for s in response if isinstance(s, str))
+        encoded = iter(_encode_texts(tok, texts, threads))
+
+        def next_encoded(_: str) -> list[int]:
+            return next(encoded)
+
+        return [_assemble(prompt, response, next_encoded) for prompt, response in plans]
     finally:
         if gc_was_enabled:
             gc.enable()
-
-
-def _reconstruct_batch(
-    records: Sequence[Any],
-    tokenizer: KimiTokenizer | None,
-    num_threads: int | None,
-    normalize_tool_call_ids: bool,
-    data_specials: DataSpecials,
-) -> list[Reconstruction]:
-    tok = tokenizer or load_kimi_tokenizer()
-    threads = num_threads if num_threads is not None else min(4, os.cpu_count() or 1)
-    plans: list[tuple[list[Segment], list[Segment]]] = []
-    texts: list[str] = []
-    for record in records:
-        prompt = prompt_segments(tok, record, data_specials=data_specials)
-        response = response_segments(tok, record, normalize_tool_call_ids=normalize_tool_call_ids)
-        plans.append((prompt, response))
-        texts.extend(s for s in prompt if isinstance(s, str))
-        texts.extend(s for s in response if isinstance(s, str))
-    encoded = iter(_encode_texts(tok, texts, threads))
-
-    def next_encoded(_: str) -> list[int]:
-        return next(encoded)
-
-    results = [_assemble(prompt, response, next_encoded) for prompt, response in plans]
-    return results

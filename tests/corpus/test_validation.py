@@ -117,7 +117,6 @@ def test_unknown_finish_reason(tmp_path: Path) -> None:
     assert o.metadata["finish_reason.stop"] == 2 and o.metadata["finish_reason.error"] == 1
     assert o.metadata["finish_reason.None"] == 1 and o.metadata["unknown_rows"] == 2
     assert {e["finish_reason"] for e in o.failing_examples} == {"error", None}
-    assert v.check_finish_reasons(p, known={*v.KNOWN_FINISH_REASONS, "error", None}, settings=SETTINGS).passed
 
 
 def _eot_case(name: str) -> dict:
