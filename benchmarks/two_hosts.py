@@ -31,6 +31,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -162,8 +163,10 @@ class Cluster:
     def __init__(self, cfg: TwoHostConfig, work: Path, pg: LocalPostgres, sim: SimulatorProcess) -> None:
         self.cfg, self.work, self.pg, self.sim = cfg, work, pg, sim
         self.home = work / "home"
-        self.dagster_db = pg.create_database("dagster_two_hosts")
-        self.ledger_url = pg.create_database("ledger_two_hosts")
+        tag = uuid.uuid4().hex[:8]  # names of their own: the server may be a test session's, shared
+        self.dagster_db_name = f"dagster_two_hosts_{tag}"
+        self.dagster_db = pg.create_database(self.dagster_db_name)
+        self.ledger_url = pg.create_database(f"ledger_two_hosts_{tag}")
         self.budget = 0.0
 
     def env(self, host: str) -> dict[str, str]:
@@ -192,7 +195,7 @@ class Cluster:
             "PGHOST": self.pg.socket_dir,
             "DAGSTER_POSTGRES_USER": "postgres",
             "DAGSTER_POSTGRES_PASSWORD": "",
-            "DAGSTER_POSTGRES_DB": "dagster_two_hosts",
+            "DAGSTER_POSTGRES_DB": self.dagster_db_name,
             "PYTHONPATH": str(REPO),
         }
 
@@ -247,7 +250,10 @@ def _abandoned(sim: SimulatorProcess) -> int:
     return int(outcomes.get("abandoned", 0)) + int(outcomes.get("stream_abandoned", 0))
 
 
-def run_two_hosts(cfg: TwoHostConfig, work: Path, log=print) -> dict[str, Any]:
+def run_two_hosts(cfg: TwoHostConfig, work: Path, log=print, pg: LocalPostgres | None = None) -> dict[str, Any]:
+    """``pg``: a running server to make the run's two databases on (a test session's); else one of its own."""
+    if pg is not None:
+        return _run_two_hosts(cfg, work, pg, log)
     # The server runs as another user when we are root (see local_server): its folder sits in /tmp directly,
     # where no one resets the modes of the folders above it (pytest makes its own base folder 0700).
     pg_dir = Path(tempfile.mkdtemp(prefix="two-hosts-pg-"))
@@ -347,6 +353,7 @@ def _run_two_hosts(cfg: TwoHostConfig, work: Path, pg: LocalPostgres, log: Calla
         procs.append(host_c)
         # A live process gets a dead owner's slots and dollars back when it next asks (every lease/10 while it
         # admits); the driver asks as such a process would, from a pid space of its own.
+        own_host = os.environ.get("EAGLE_FORGE_HOST_ID")
         os.environ["EAGLE_FORGE_HOST_ID"] = "observer"
         observer = BudgetLedger(cl.ledger_url, lease_s=cfg.lease_s)
         recovered_s = None
@@ -359,6 +366,10 @@ def _run_two_hosts(cfg: TwoHostConfig, work: Path, pg: LocalPostgres, log: Calla
                     time.sleep(0.05)
         finally:
             observer.close()
+            if own_host is None:  # the driver may be a test's process: leave its host as it was
+                os.environ.pop("EAGLE_FORGE_HOST_ID", None)
+            else:
+                os.environ["EAGLE_FORGE_HOST_ID"] = own_host
         log(f"host-b's leases recovered {recovered_s if recovered_s is not None else float('nan'):.1f} s after")
         rc_a, rc_c = host_a.wait(timeout=cfg.time_limit_s), host_c.wait(timeout=cfg.time_limit_s)
         time.sleep(1.0)
@@ -429,10 +440,13 @@ def _run_two_hosts(cfg: TwoHostConfig, work: Path, pg: LocalPostgres, log: Calla
     }
 
 
-def report(r: dict[str, Any]) -> None:
+def report(r: dict[str, Any]) -> bool:
+    """Print the figures against their goals; whether every goal was met (the script's exit status)."""
     cfg = r["config"]
+    met: list[bool] = []
 
     def mark(ok: bool) -> str:
+        met.append(ok)
         return "MET" if ok else "NOT MET"
 
     over = r["spent_phase_1_usd"] - r["budget_phase_1_usd"]
@@ -464,12 +478,14 @@ def report(r: dict[str, Any]) -> None:
         f" [{mark(r['billed_more_than_once'] <= r['orphaned_at_kill'])}: none beyond those]"
     )
     if rec is None:
+        met.append(False)
         print("  host-b's leases were NOT recovered [NOT MET]")
     else:
         print(
             f"  host-b's owners and slots recovered {rec:.1f} s after the kill [{mark(rec <= bound)}:"
             f" ≤ {bound:.1f} s, the lease and one check]"
         )
+    return all(met)
 
 
 def main() -> None:
@@ -509,9 +525,11 @@ def main() -> None:
             shutil.rmtree(work, ignore_errors=True)
     if a.json:
         print(json.dumps(r, indent=2))
-    report(r)
+    all_met = report(r)
     if a.keep:
         print(f"  work folder: {work}")
+    if not all_met:
+        sys.exit("FAILED: a goal was not met")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,8 @@
 """SIGKILL a `dagster asset materialize` of an every_turn dataset mid-conversation, rerun it, check the books:
-no turn lost, no journaled turn bought again, and the resumed turns built on the answers journaled before."""
+no turn lost, no journaled turn bought again, and the resumed turns built on the answers journaled before.
+
+Both runs take Dagster's in_process executor (``--config-json``): the step runs in the CLI's own process rather
+than a spawned child that imports dagster and the definitions again; the group's SIGKILL ends it the same way."""
 
 import os
 import signal
@@ -62,6 +65,7 @@ def test_sigkill_mid_conversation_resumes_at_the_next_turn_buying_nothing_twice(
         }
         cmd = [sys.executable, "-m", "dagster", "asset", "materialize", "-m", "eagle_assets.definitions"]
         cmd += ["--select", "generated/MT", "--partition", "0000"]
+        cmd += ["--config-json", '{"execution": {"config": {"in_process": {}}}}']
         log = (tmp_path / "life.log").open("ab")
         proc = subprocess.Popen(cmd, env=env, cwd=REPO_ROOT, start_new_session=True, stdout=log, stderr=log)
         deadline = time.monotonic() + 180
