@@ -10,7 +10,7 @@ replaced: each version is a folder of its own under ``<parent>/.published/<name>
 is a relative symlink to the current one, swapped with one ``os.replace``. A reader resolves the name to
 one whole version at every moment, and a crash anywhere leaves the previous version published. A
 superseded version is kept for ``grace_s`` (a reader that resolved it mid-load is not cut off; the newest
-``keep`` are kept however old) and removed by a later publication.
+one is kept however old) and removed by a later publication.
 """
 
 import contextlib
@@ -62,18 +62,18 @@ def atomic_write_bytes(path: Path, data: bytes, tmp_name: str | None = None) -> 
         f.write(data)
 
 
-def atomic_write_text(path: Path, text: str, tmp_name: str | None = None, encoding: str = "utf-8") -> None:
-    atomic_write_bytes(path, text.encode(encoding), tmp_name)
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode())
 
 
 @contextlib.contextmanager
-def atomic_path(path: Path, tmp_name: str | None = None) -> Iterator[Path]:
+def atomic_path(path: Path) -> Iterator[Path]:
     """Yield a temporary sibling path for writers that want a path, not a file (Parquet, safetensors).
 
     Whatever the body leaves there is fsync'd and replaces ``path`` on a clean exit; on an error it vanishes.
     """
     path = Path(path)
-    tmp = path.with_name(tmp_name or default_tmp_name(path))
+    tmp = path.with_name(default_tmp_name(path))
     try:
         yield tmp
         fsync_file(tmp)
@@ -248,7 +248,7 @@ def current_version(public: Path) -> Path | None:
     return version if version.parent == versions_dir(public).resolve() else None
 
 
-def publish_directory(public: Path, staged: Path, *, keep: int = 1, grace_s: float = PUBLISH_GRACE_S) -> Path:
+def publish_directory(public: Path, staged: Path, *, grace_s: float = PUBLISH_GRACE_S) -> Path:
     """Make the complete folder ``staged`` (from ``stage_directory``) what ``public`` resolves to; returns
     the version folder it became.
 
@@ -261,43 +261,41 @@ def publish_directory(public: Path, staged: Path, *, keep: int = 1, grace_s: flo
         raise ValueError(f"{staged} was not staged for {public} (use stage_directory)")
     fsync_tree(staged)
     with directory_lock(root, _LOCK_NAME):
-        prune_versions(public, keep=keep, grace_s=grace_s, locked=True)  # a failed publisher's version first
+        prune_versions(public, grace_s=grace_s, locked=True)  # a failed publisher's version first
         version = root / _version_name()
         os.rename(staged, version)
         fsync_dir(root)
         _swap_link(public, version)
-        prune_versions(public, keep=keep, grace_s=grace_s, locked=True)
+        prune_versions(public, grace_s=grace_s, locked=True)
     return version
 
 
 @contextlib.contextmanager
-def publishing_directory(public: Path, *, keep: int = 1, grace_s: float = PUBLISH_GRACE_S) -> Iterator[Path]:
+def publishing_directory(public: Path, *, grace_s: float = PUBLISH_GRACE_S) -> Iterator[Path]:
     """Yield a staged folder to fill; on a clean exit it is published as ``public``, on an error it vanishes."""
     staged = stage_directory(public)
     try:
         yield staged
-        publish_directory(public, staged, keep=keep, grace_s=grace_s)
+        publish_directory(public, staged, grace_s=grace_s)
     finally:
         discard_staged(staged)
 
 
-def prune_versions(
-    public: Path, *, keep: int = 1, grace_s: float = PUBLISH_GRACE_S, locked: bool = False
-) -> list[Path]:
+def prune_versions(public: Path, *, grace_s: float = PUBLISH_GRACE_S, locked: bool = False) -> list[Path]:
     """Remove what no reader can still need: versions superseded more than ``grace_s`` ago beyond the newest
-    ``keep`` before the current one, versions that were never published, and dead builders' staged folders."""
+    one before the current one, versions that were never published, and dead builders' staged folders."""
     root = versions_dir(public)
     if not root.is_dir():
         return []
     if not locked:
         with directory_lock(root, _LOCK_NAME):
-            return prune_versions(public, keep=keep, grace_s=grace_s, locked=True)
+            return prune_versions(public, grace_s=grace_s, locked=True)
     current = current_version(public)
     now = time.time_ns()
     removed: list[Path] = []
     versions = sorted(p for p in root.iterdir() if _VERSION.match(p.name) and p.is_dir() and not p.is_symlink())
     older = [v for v in versions if current is not None and v.name < current.name]
-    kept = set(older[-keep:]) if keep > 0 else set()
+    kept = set(older[-1:])
     for i, v in enumerate(versions):
         if (current is not None and v.name == current.name) or v in kept:
             continue

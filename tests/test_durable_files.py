@@ -89,7 +89,7 @@ def test_readers_never_see_a_missing_or_partial_folder_while_publishing(tmp_path
     try:
         for n in range(1, rounds + 1):
             # grace 0: even pruning as eagerly as it can, the current and previous versions stay
-            with publishing_directory(latest, keep=1, grace_s=0) as staged:
+            with publishing_directory(latest, grace_s=0) as staged:
                 _fill(staged, n)
             if failures:
                 break
@@ -154,11 +154,11 @@ def test_a_resolved_version_outlives_its_replacement_for_the_grace_period(tmp_pa
         _fill(staged, 1)
     held = latest.resolve()  # an engine that resolved the name and is still loading from it
     for n in (2, 3, 4):
-        with publishing_directory(latest, keep=1, grace_s=3600) as staged:
+        with publishing_directory(latest, grace_s=3600) as staged:
             _fill(staged, n)
     assert _read_whole(held / "export" / "config.json") == 1
     time.sleep(0.01)
-    removed = prune_versions(latest, keep=1, grace_s=0)
+    removed = prune_versions(latest, grace_s=0)
     assert held.name in {p.name for p in removed} and not held.exists()
     assert _read_whole(latest / "export" / "config.json") == 4
     assert sorted((p / "marker").read_text() for p in versions_dir(latest).iterdir() if p.is_dir()) == ["3", "4"]
