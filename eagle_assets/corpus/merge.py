@@ -10,16 +10,12 @@ Why it works the way it does:
 
 - **Bounded memory.** The token lists never sit in memory together (60M tokens is ~300 MB of ids
   and masks, and the corpus grows). A first pass reads only ``prompt_id``, ``n_tokens`` and
-  ``completion_len`` (and, for ``dedup_input_ids``, each row's ids one batch at a time, to hash
-  them) and plans everything: which row goes to which output shard at which position. A second
-  pass is an external shuffle: each source is streamed once, batch by batch, and every row is
-  appended to its output shard's spill file (Arrow IPC, at most ``max_open_buckets`` open at once,
-  more shards mean more passes); then each spill file is memory-mapped and written out in shuffled
-  order, one row group at a time. Peak memory is the per-sample plan (tens of bytes per sample),
-  one source batch and one row group (``row_group_tokens``); the spill pages being read sit in the
-  page cache, which the kernel reclaims (``ru_maxrss`` counts them, so it moves with
-  ``max_tokens_per_shard``). Measured: 60M tokens, 16M-token shards, 2 cores, under 4 s and an
-  Arrow peak of ~27 MiB (``benchmarks/bench_corpus.py``).
+  ``completion_len`` (and, for ``dedup_input_ids``, each batch's ids, to hash them) and plans which row
+  goes to which output shard at which position. A second pass is an external shuffle: each source is
+  streamed once and every row appended to its shard's spill file (Arrow IPC, at most
+  ``max_open_buckets`` open at once); each spill is then memory-mapped and written out in shuffled
+  order, one row group at a time. Peak memory is the per-sample plan, one source batch and one row
+  group; the spill pages sit in the reclaimable page cache (figures: docs/benchmarks.md, bench_corpus).
 - **Deterministic.** The shuffle key of a sample is a hash of ``(seed, prompt_id)``, so the order
   depends neither on the order sources are listed in nor on batch sizes; eval takes the first
   samples in that order. Duplicates keep their first copy in (dataset, shard, row) order. Output

@@ -72,9 +72,6 @@ class RowFormat:
     columns: Mapping[str, str] = field(default_factory=dict)  # field → column actually read
     detected: bool = True  # False when ``format:`` named it
 
-    def column(self, name: str) -> str | None:
-        return self.columns.get(name)
-
     @property
     def source_columns(self) -> list[str]:
         return sorted(set(self.columns.values()))

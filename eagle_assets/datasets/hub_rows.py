@@ -1,25 +1,11 @@
 """Row counts of a Hub split without downloading its data: what the shard keys need when the definitions load.
 
-Every process that loads the definitions (``dagster dev``, each step process, the daemon) lists every
-dataset's partitions, and they come from row counts. Fetching a whole Hub split for that would download
-gigabytes (UltraChat-200k) before anyone asked for anything, and a Hub outage would fail the code location.
-So the count is taken from what the Hub can tell without the data:
-
-- the commit and the split's globs come from the dataset card (``README.md``, a few kB, in the HF cache);
-- the commit's file list comes from the Hub's tree listing (one request);
-- a Parquet file's row count is in its footer: ``pyarrow`` reads it through ``HfFileSystem``, which asks the
-  Hub for byte ranges, so only the last tens of kB of each file travel. A file already in the HF cache (a
-  partition ran) is read there instead;
-- a JSON Lines / ``.json`` file has no footer, so its rows can only be counted by reading it: it is
-  downloaded into the HF cache when the definitions load (logged with its size), the same download the
-  partitions make later. The exact count keeps the shard keys exact, where a dataset-viewer estimate could
-  disagree with this loader's file selection without a word; to avoid the download, point ``revision`` at
-  the Hub's Parquet conversion (``refs/convert/parquet``).
-
-The listing and the counts are kept on disk, one JSON file per (repo, commit), with the rows per file; a
-commit never changes, so they are never stale, and ``HF_HUB_OFFLINE=1`` lists the same shards after one
-load online. Every failure (Hub unreachable, offline with nothing cached, a file that is not Parquet) is a
-:class:`HubSourceError` naming the dataset, the commit and the cause.
+Every process that loads the definitions lists every dataset's shards; fetching a whole Hub split for that
+would download gigabytes before anyone asked, and a Hub outage would fail the code location. So the card
+pins the commit, the tree listing gives the files, Parquet footers are read by byte ranges through
+``HfFileSystem`` (JSON Lines, having no footer, is downloaded once into the HF cache), and the counts are
+kept per (repo, commit), which never goes stale; see docs/datasets.md ("Loading the definitions downloads no
+Hub data"). Every failure is a :class:`HubSourceError` naming the dataset, the commit and the cause.
 """
 
 import json

@@ -18,13 +18,8 @@ Which files make up a split follows the Hub's own conventions, in this order:
    name no split is all ``train``.
 
 The selection (:func:`select_paths`, :meth:`SplitPatterns.select`) is the same on a downloaded snapshot and on
-the Hub's file listing, which :mod:`.hub_rows` counts the rows of when the definitions load: the shard keys are
-those of the very files a partition downloads.
-
-Data files are those :mod:`.file_readers` reads: JSON Lines (also ``.json``, the usual name of
-ShareGPT-style sets' ``train.json``, whether JSON Lines or one array), Parquet; ``datasets``' own
-metadata files (``dataset_info.json``) are never data. Not followed (assumed absent from prompt
-sets): loading scripts, ``dataset_info`` features, CSV/TXT.
+the Hub's file listing that :mod:`.hub_rows` counts, so the shard keys are those of the files a partition
+downloads. Data files are those :mod:`.file_readers` reads; loading scripts and CSV/TXT are not followed.
 """
 
 import fnmatch

@@ -1,21 +1,8 @@
 """Where a dataset's rows come from: a local file or folder, or a Hugging Face Hub dataset.
 
-This is the one loader for prompt data in the project (the generation assets and the benchmark sets
-both read through it). Its API:
-
-    spec = SourceSpec.parse("hf:HuggingFaceH4/ultrachat_200k", split="train_sft", revision="8049631")
-    spec = SourceSpec.parse("data/sharegpt.jsonl.zst", base=Path.cwd())   # or a folder of Parquet shards
-    source = resolve_source(spec)        # fetches Hub files into the HF cache once; pins the commit
-    source.commit, source.files          # what was read, for the metadata
-    source.count_rows()                  # from Parquet footers / a line count, nothing held
-    for row in source.iter_rows(wanted={3, 17}):   # RawRow(file, line, index, value); lazily
-        ...
-
-Local paths: ``.jsonl`` (also ``.jsonl.gz``, ``.jsonl.zst``), ``.json`` (JSON Lines or one JSON array),
-``.parquet``, or a folder holding such files (read in sorted order, as one set). Hub sources:
-``hf:owner/name`` with ``revision``, ``config``, ``split`` (default ``train``) and ``data_files`` (see
-:mod:`.hub_source`). Row indices
-run across all files of the source in order; they are what shards and sampling are cut on.
+The one loader for prompt data (the generation assets and the benchmark sets both read through it; its use
+is shown in docs/datasets.md, "For other code"). A folder is read in sorted order, as one set; row indices
+run across all files of the source in order, and are what shards and sampling are cut on.
 """
 
 import hashlib

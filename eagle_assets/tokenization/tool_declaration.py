@@ -18,21 +18,11 @@ and converts them to a TypeScript-like text, passed to the template as ``tools_t
 When the conversion fails the template prints the deep-sorted tools as compact JSON instead. The
 target was trained and served on exactly that text, so its token ids are part of every prompt we
 rebuild. This module is written for this project from the rules of the upstream
-``tool_declaration_ts.py``; what it renders, and which schemas make it give up (``const``,
-``oneOf``, ``allOf``, ``#/definitions/...`` references, an unknown name in a ``type`` list, ...),
-follow upstream exactly, because both decide the ids:
-
-- object fields: required ones first, each group sorted by name; a field's ``description`` and
-  constraints (``maxLength``/``minLength``/``pattern`` on strings, ``maximum``/``minimum`` on
-  numbers, ``minItems``/``maxItems`` on arrays) become ``//`` comments above it, then ``// Default:``;
-- ``integer`` is ``number``; ``enum`` values are joined with ``|`` (strings quoted, others as
-  Python prints them); ``anyOf`` and ``type`` lists are unions; ``additionalProperties`` is an
-  index signature ``[k: string]: T`` (``any`` for true, ``never`` for false);
-- ``$defs`` become ``interface`` blocks before the function, ``$ref: "#/$defs/X"`` prints ``X``,
-  and ``$ref: "#"`` makes the parameters an ``interface parameters``.
-
-Checks happen where upstream's would: some only when a piece is actually printed, which matters
-for the rare schema that is parsed but never printed (see ``_render_function``).
+``tool_declaration_ts.py``: what it renders, and which schemas make it give up (``const``, ``oneOf``,
+``allOf``, ``#/definitions/...`` references, an unknown name in a ``type`` list, ...), follow upstream
+exactly, because both decide the ids. Checks happen where upstream's would: some only when a piece is
+actually printed, which matters for the rare schema that is parsed but never printed (see
+``_render_function``).
 """
 
 import json
