@@ -1,15 +1,9 @@
 """Where each step runs on Kubernetes: ``dagster-k8s/config`` op tags, read by ``dagster-k8s``.
 
-With the ``k8s_job_executor`` (``EAGLE_FORGE_EXECUTOR=k8s`` in the code location's environment, as in
-``deploy/k8s/values.yaml``) every step is a pod of its own, shaped by its op's ``dagster-k8s/config`` tag:
-
-- generation, tokenization and the corpus run on CPU nodes (a node selector for the CPU pool, modest
-  requests: the engine drives 2000 requests from one core);
-- hidden states and training request the GPUs (``nvidia.com/gpu``, 8 by default: the target's tensor
-  parallelism), a GPU node selector and the GPU taint's toleration.
-
-Elsewhere the tags are inert: the default multiprocess executor never reads them. The numbers and labels
-come from the environment so one image serves any cluster.
+With the ``k8s_job_executor`` every step is a pod shaped by its op's tag: CPU steps on the CPU pool with modest
+requests (the engine drives 2000 requests from one core), GPU steps with ``nvidia.com/gpu``, a GPU node selector
+and the taint's toleration (docs/deployment.md). Elsewhere the tags are inert. The numbers and labels come from
+the environment so one image serves any cluster.
 """
 
 from typing import Any

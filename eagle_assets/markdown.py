@@ -10,11 +10,6 @@ Pure functions on strings; the module imports nothing from the project.
 """
 
 from collections.abc import Iterable, Sequence
-from typing import Literal
-
-Align = Literal["left", "right", "center"] | None
-
-_RULE = {None: "---", "left": ":---", "right": "---:", "center": ":---:"}
 
 
 def cell(value: object) -> str:
@@ -28,15 +23,11 @@ def row(cells: Iterable[object]) -> str:
     return "|" + "|".join(f" {c} " if c else " " for c in map(cell, cells)) + "|"
 
 
-def table(headers: Sequence[object], rows: Iterable[Sequence[object]], align: Sequence[Align] | None = None) -> str:
-    """A Markdown table: the header line, the alignment line (``|---|---|``; ``align`` sets ``:---``,
-    ``---:`` or ``:---:`` per column), then one line per row. A row shorter than the header is padded
-    with empty cells; a longer one is an error (its extra cells would be dropped by the renderer)."""
+def table(headers: Sequence[object], rows: Iterable[Sequence[object]]) -> str:
+    """A Markdown table: the header line, ``|---|---|``, then one line per row. A row shorter than the header is
+    padded with empty cells; a longer one is an error (its extra cells would be dropped by the renderer)."""
     width = len(headers)
-    if align is not None and len(align) != width:
-        raise ValueError(f"align names {len(align)} columns, the header {width}")
-    rule = "|" + "".join(_RULE[a] + "|" for a in (align or [None] * width))
-    lines = [row(headers), rule]
+    lines = [row(headers), "|" + "---|" * width]
     for r in rows:
         if len(r) > width:
             raise ValueError(f"a row of {len(r)} cells under a header of {width}: {list(r)!r}")

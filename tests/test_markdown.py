@@ -25,13 +25,6 @@ def test_headers_are_escaped_too_and_cells_may_be_any_value():
     assert table(["a|b", 3], [[None, 1.5]]).splitlines() == ["| a\\|b | 3 |", "|---|---|", "| None | 1.5 |"]
 
 
-def test_alignment_row():
-    text = table(["l", "r", "c", "plain"], [], align=["left", "right", "center", None])
-    assert text.splitlines()[1] == "|:---|---:|:---:|---|"
-    with pytest.raises(ValueError, match="align names 1 columns, the header 2"):
-        table(["a", "b"], [], align=["left"])
-
-
 def test_no_rows_is_the_header_alone_and_empty_cells_stay_cells():
     assert table(["a", "b"], []) == "| a | b |\n|---|---|"
     assert table(["a", "b", "c"], [["**total**", "", "x"], ["y"]]).splitlines()[2:] == [

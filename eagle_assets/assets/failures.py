@@ -4,13 +4,10 @@ Every asset that stops on purpose raises ``fail(...)``, and every asset that tur
 (``eagle_assets.errors``) into a failure does so inside ``project_errors_fail()``, so that "is this retryable?"
 is decided in one place instead of by an ``allow_retries=`` argument remembered (or forgotten) at each ``raise``.
 
-The rule: a project error is final for the run (``allow_retries=False``): a retry would meet the same refusal, and
-for generation it could spend money again before meeting it. So are a budget stop (a report, raised as ``fail``
-with the resumable wording) and the refusals an asset decides itself (no eval split, no exported draft). A failure
-a retry could turn another way without spending twice would need its own class here; none does today.
-``Resumable`` errors (a lost lease) pass untouched, so the run fails with their own class and a rerun continues.
-Errors that are not the project's are not touched either: bugs or the environment, which Dagster shows as they
-are (and a RetryPolicy may retry).
+The rule: a project error, a budget stop and an asset's own refusal are final for the run (``allow_retries=False``):
+a retry would meet the same refusal, and for generation could spend money again before meeting it. ``Resumable``
+errors (a lost lease) pass untouched, so a rerun continues; errors not the project's (bugs, the environment) are
+not touched either, and a RetryPolicy may retry them.
 """
 
 from collections.abc import Iterator, Mapping
@@ -27,11 +24,6 @@ def fail(description: str, metadata: Mapping[str, Any] | None = None) -> dg.Fail
     return dg.Failure(description=description, metadata=metadata, allow_retries=False)
 
 
-def failure_for(exc: EagleForgeError, prefix: str = "") -> dg.Failure:
-    """The failure that stands for a (non-resumable) project error: its message, after ``prefix``."""
-    return fail(f"{prefix}{exc}")
-
-
 @contextmanager
 def project_errors_fail(prefix: str = "") -> Iterator[None]:
     """Turn a project error raised in the block into a final ``dg.Failure`` (chained to it, so its class and
@@ -41,4 +33,4 @@ def project_errors_fail(prefix: str = "") -> Iterator[None]:
     except Resumable:
         raise
     except EagleForgeError as exc:
-        raise failure_for(exc, prefix) from exc
+        raise fail(f"{prefix}{exc}") from exc

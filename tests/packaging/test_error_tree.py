@@ -16,7 +16,7 @@ import dagster as dg
 import pytest
 
 from eagle_assets import errors
-from eagle_assets.assets.failures import fail, failure_for, project_errors_fail
+from eagle_assets.assets.failures import fail, project_errors_fail
 from eagle_assets.errors import EagleForgeError, EagleForgeWarning, Resumable
 from eagle_assets.generation.ledger import LedgerLeaseLost
 from eagle_assets.generation.partition_fence import FenceLostError
@@ -161,7 +161,6 @@ def test_a_project_error_becomes_a_final_failure_chained_to_it():
     with pytest.raises(dg.Failure, match=r"^store not usable: no index$") as info, project_errors_fail(prefix):
         raise StoreError("no index")
     assert info.value.allow_retries is False
-    assert failure_for(refusal).allow_retries is False
 
 
 @pytest.mark.parametrize(
