@@ -1,11 +1,11 @@
 import pytest
-import torch
+
+from tests.torch_threads import one_torch_thread
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _one_thread():
-    # Two shared cores: intra-op threads only add contention for these tiny tensors (measured 3-10x slower).
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+    # Two shared cores: intra-op threads only add contention for these tiny tensors (measured 3-10x slower);
+    # the train_cli and torchrun subprocesses get one thread too (tests/torch_threads.py).
+    with one_torch_thread():
+        yield

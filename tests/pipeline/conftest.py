@@ -5,6 +5,14 @@ from resources.duckdb.resource import DuckDBResource
 from resources.serving.resource import ServingEngineResource
 from resources.target.resource import TargetModelResource
 from tests.generation.test_dagster_generation import resource_for
+from tests.torch_threads import one_torch_thread
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_torch_thread():
+    # The target's forward passes here, in the Pipes training subprocess and the simulator (tests/torch_threads.py).
+    with one_torch_thread():
+        yield
 
 
 @pytest.fixture

@@ -5,14 +5,14 @@ import torch
 
 from eagle_assets.target.loader import load_target
 from eagle_assets.target.tiny_kimi import build_tiny_kimi_target
+from tests.torch_threads import one_torch_thread
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _few_threads():
-    old = torch.get_num_threads()
-    torch.set_num_threads(min(old, 2))  # two cores shared with other jobs
-    yield
-    torch.set_num_threads(old)
+def _one_thread():
+    # Two cores shared with other workers: a second intra-op thread only spins (tests/torch_threads.py).
+    with one_torch_thread():
+        yield
 
 
 @pytest.fixture(scope="session")
