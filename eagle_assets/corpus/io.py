@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from eagle_assets.durable_files import atomic_path, atomic_write_bytes
+from eagle_assets.durable_files import atomic_path
 
 DEFAULT_ROW_GROUP_TOKENS = 1_000_000
 DEFAULT_ROW_GROUP_ROWS = 4096
@@ -73,24 +73,13 @@ def write_parquet_atomic(
     path: Path,
     table: pa.Table,
     *,
-    token_column: str = "input_ids",
-    metadata: Mapping[str, str] | None = None,
     row_group_tokens: int = DEFAULT_ROW_GROUP_TOKENS,
     row_group_rows: int = DEFAULT_ROW_GROUP_ROWS,
-    compression: str = "zstd",
 ) -> int:
     """``table`` in row groups of at most ``row_group_tokens`` tokens and ``row_group_rows`` rows."""
-    lengths = pc.list_value_length(table.column(token_column)).to_numpy(zero_copy_only=False)
-    schema = with_metadata(table.schema, metadata)
-    table = table.replace_schema_metadata(schema.metadata)
+    lengths = pc.list_value_length(table.column("input_ids")).to_numpy(zero_copy_only=False)
     groups = (table.slice(a, b - a) for a, b in row_group_bounds(lengths, row_group_tokens, row_group_rows))
-    return write_row_groups_atomic(path, schema, groups, compression=compression)
-
-
-def write_bytes_atomic(path: Path, data: bytes) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(path, data)
+    return write_row_groups_atomic(path, table.schema, groups)
 
 
 def file_fingerprint(path: Path) -> str:

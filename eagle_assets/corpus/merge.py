@@ -45,10 +45,10 @@ from eagle_assets.corpus.io import (
     file_fingerprint,
     row_group_bounds,
     with_metadata,
-    write_bytes_atomic,
     write_row_groups_atomic,
 )
 from eagle_assets.corpus.tokenized_schema import ARROW_SCHEMA, COLUMNS
+from eagle_assets.durable_files import atomic_write_bytes
 from eagle_assets.generation.folder_lease import exclusive
 
 CORPUS_FORMAT = "eagle-forge-corpus"
@@ -504,5 +504,5 @@ def merge_corpus(
         _remove_stale(out_dir, shards)
         index = _index(key, config, described, samples, shards, out_dir)
         lease.check()
-        write_bytes_atomic(out_dir / INDEX_NAME, (json.dumps(index, indent=2, sort_keys=True) + "\n").encode())
+        atomic_write_bytes(out_dir / INDEX_NAME, (json.dumps(index, indent=2, sort_keys=True) + "\n").encode())
     return MergeResult(out_dir, index, skipped=False, written=[shards[b].name for b in pending])
