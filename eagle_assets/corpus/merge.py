@@ -84,9 +84,6 @@ class MergeConfig:
     # Tuning: never changes a byte of the output.
     batch_rows: int = 1024
     max_open_buckets: int = 64
-    # "lz4" halves the spill's disk for real tokens, but a compressed spill is decompressed into memory
-    # (one shard's worth) where an uncompressed one is read zero-copy from the page cache.
-    spill_compression: str | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.eval_fraction < 1.0:
@@ -98,7 +95,7 @@ class MergeConfig:
                 raise ValueError(f"{name} must be >= 1")
 
     def identity(self) -> dict[str, Any]:
-        tuning = {"batch_rows", "max_open_buckets", "spill_compression"}
+        tuning = {"batch_rows", "max_open_buckets"}
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in tuning}
 
 
@@ -295,7 +292,6 @@ def _spill(
             rows = samples.row[mine]
             dest[s][rows] = b
             pos[s][rows] = np.nonzero(samples.src[idx] == s)[0]
-    options = pa.ipc.IpcWriteOptions(compression=config.spill_compression)
     writers: dict[int, pa.ipc.RecordBatchStreamWriter] = {}
     sinks: list[pa.NativeFile] = []
     schema = ARROW_SCHEMA.append(pa.field(_POS, pa.int32(), nullable=False))
@@ -324,7 +320,8 @@ def _spill(
                             if b not in writers:
                                 sink = pa.OSFile(str(spill_dir / f"bucket-{b:06d}.arrow"), "wb")
                                 sinks.append(sink)
-                                writers[b] = pa.ipc.new_stream(sink, schema, options=options)
+                                # Uncompressed: read back zero-copy from the page cache, not into memory.
+                                writers[b] = pa.ipc.new_stream(sink, schema)
                             writers[b].write_table(part)
                     start += batch.num_rows
                 rg_start += rg_rows
@@ -461,13 +458,12 @@ def merge_corpus(
     config: MergeConfig | None = None,
     *,
     lease_location: str | Path | None = None,
-    lease_wait_s: float = MERGE_LEASE_WAIT_S,
 ) -> MergeResult:
     """Build (or bring up to date) the corpus in ``out_dir`` from the tokenized partition files ``sources``.
 
     Two merges into one folder would delete each other's shards, so a merge is the folder's only writer on
     every host: its ``flock``, and a lease in the ledger's database (``lease_location``, default the configured
-    ledger) that a merge on another host waits for (``lease_wait_s``), checked before each destructive step.
+    ledger) that a merge on another host waits for, checked before each destructive step.
     """
     config = config or MergeConfig()
     out_dir = Path(out_dir)
@@ -476,7 +472,7 @@ def merge_corpus(
     described = describe_sources(sources)
     key = plan_key(described, config)
     what = f"the corpus merge into {out_dir}"
-    with exclusive(out_dir, _LOCK_NAME, what=what, location=lease_location, wait_s=lease_wait_s) as lease:
+    with exclusive(out_dir, _LOCK_NAME, what=what, location=lease_location, wait_s=MERGE_LEASE_WAIT_S) as lease:
         index = read_index(out_dir)
         if index is not None:
             if _index_is_complete(index, key, out_dir):
