@@ -14,9 +14,22 @@ import io
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from eagle_assets.benchmarks.prompt_sets import PROMPT_SETS
 from tests.datasets.fake_dataset_hub import FakeDatasetRepo
+
+
+def hub_reachable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Offline mode off for this test, in the environment and in ``huggingface_hub``'s constant.
+
+    The target modules set ``HF_HUB_OFFLINE=1`` when imported (before transformers reads it), and
+    ``huggingface_hub`` fixes its constant at its own import: in a worker that imported a target first, the loopback
+    Hub would be refused ("offline mode is enabled") whatever the environment says now."""
+    import huggingface_hub.constants
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
 
 
 def _parquet(rows: list[dict]) -> bytes:

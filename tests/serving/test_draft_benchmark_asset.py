@@ -48,11 +48,11 @@ def test_every_set_from_the_hub_through_sglang_with_settings_and_reference(
     forge_home, target_model, fake_behaviour, tmp_path, monkeypatch
 ):
     from tests.datasets.fake_dataset_hub import serve_datasets
-    from tests.serving.hub_fixtures import benchmark_repos
+    from tests.serving.hub_fixtures import benchmark_repos, hub_reachable
 
     fake_behaviour(step_time_s=0.001)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    hub_reachable(monkeypatch)
     limits = {"mtbench_prompts": 2, "gsm8k_prompts": 3, "humaneval_prompts": 2, "num_prompts": 2}
     with serve_datasets(*benchmark_repos()) as (url, _), dg.instance_for_test() as instance:
         monkeypatch.setenv("HF_ENDPOINT", url)

@@ -6,14 +6,14 @@ from eagle_assets.assets.draft_benchmark import BenchmarkConfig, load_prompt_set
 from eagle_assets.benchmarks.hub_sets import load_hub_set
 from eagle_assets.benchmarks.prompt_sets import PROMPT_SETS, HubSet, PromptSetError, conversations_from_rows
 from tests.datasets.fake_dataset_hub import serve_datasets
-from tests.serving.hub_fixtures import benchmark_repos
+from tests.serving.hub_fixtures import benchmark_repos, hub_reachable
 
 
 @pytest.fixture
 def hub(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    hub_reachable(monkeypatch)
     repos = benchmark_repos()
     with serve_datasets(*repos) as (url, requests):
         monkeypatch.setenv("HF_ENDPOINT", url)
