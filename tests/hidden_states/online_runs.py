@@ -1,8 +1,9 @@
 """An online and an offline draft run of the tiny target on the same corpus, seed and data order (tests, benchmark).
 
-``python -m tests.hidden_states.online_runs RUN_JSON LOG [DELAY_S]`` trains one run from its run file and appends,
+``python -m tests.hidden_states.online_runs RUN_JSON LOG [STOP_AT]`` trains one run from its run file and appends,
 after every optimizer step, the step, its epoch and the dataset rows it trained on to ``LOG`` (flushed and synced,
-so that a SIGKILL loses nothing written): what the resume test counts.
+so that a SIGKILL loses nothing written): what the resume test counts. With ``STOP_AT`` it waits after that step
+until it is killed, so the test kills it at a step it chose rather than wherever a timer finds it.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def main(argv: list[str]) -> int:
     torch.set_num_threads(1)
     cfg = load_config(argv[0])
     log = Path(argv[1])
-    delay = float(argv[2]) if len(argv) > 2 else 0.0
+    stop_at = int(argv[2]) if len(argv) > 2 else None
     trainer = build(cfg, torch.device("cpu"))
     inner = trainer.callback
     assert trainer.stream is not None
@@ -98,7 +99,8 @@ def main(argv: list[str]) -> int:
             f.write(json.dumps({"step": m.step, "epoch": m.epoch, "rows": rows, "pid": os.getpid()}) + "\n")
             f.flush()
             os.fsync(f.fileno())
-        time.sleep(delay)
+        while m.step == stop_at:  # the SIGKILL comes here
+            time.sleep(1.0)
 
     trainer.callback = record
     trainer.resume()
