@@ -168,20 +168,22 @@ _CHILD = """
 import json, sys
 from eagle_assets.datasets.sources import SourceSpec, resolve_source
 from eagle_assets.datasets.hub_source import HubSourceError
-try:
-    s = resolve_source(SourceSpec.parse(sys.argv[1], split="train_sft"))
-    print(json.dumps({"commit": s.commit, "rows": s.count_rows()}))
-except HubSourceError as exc:
-    print(json.dumps({"error": str(exc)}))
+for spec in sys.argv[1:]:
+    try:
+        s = resolve_source(SourceSpec.parse(spec, split="train_sft"))
+        print(json.dumps({"commit": s.commit, "rows": s.count_rows()}))
+    except HubSourceError as exc:
+        print(json.dumps({"error": str(exc)}))
 """
 
 
-def _child(env: dict[str, str], spec: str) -> dict:
+def _child(env: dict[str, str], *specs: str) -> list[dict]:
+    """One fresh process (``HF_HUB_OFFLINE`` is read at import) resolving ``specs`` in turn: one answer each."""
     out = subprocess.run(
-        [sys.executable, "-c", _CHILD, spec], env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", _CHILD, *specs], env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return [json.loads(line) for line in out.stdout.strip().splitlines()[-len(specs) :]]
 
 
 def test_offline_after_one_fetch(repo, hf_env):
@@ -189,15 +191,18 @@ def test_offline_after_one_fetch(repo, hf_env):
     env["HF_HOME"] = str(hf_env)
     with serve_datasets(repo) as (url, _):
         env["HF_ENDPOINT"] = url
-        online = _child(env, f"hf:acme/ultrachat-mini@{repo.old}")
-        main = _child(env, "hf:acme/ultrachat-mini")
+        online, main = _child(env, f"hf:acme/ultrachat-mini@{repo.old}", "hf:acme/ultrachat-mini")
     assert online == {"commit": repo.old, "rows": 10} and main == {"commit": repo.new, "rows": 7}
     # The Hub is gone: with HF_HUB_OFFLINE=1 (read at import, as huggingface_hub does) both come from the cache,
-    # the branch through the ref the first fetch recorded.
+    # the branch through the ref the first fetch recorded. A process of its own: nothing held from the fetches.
     offline = {**env, "HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9"}
-    assert _child(offline, f"hf:acme/ultrachat-mini@{repo.old}") == online
-    assert _child(offline, "hf:acme/ultrachat-mini") == main
-    never = _child(offline, "hf:acme/ultrachat-mini@0123456789012345678901234567890123456789")
+    again, again_main, never = _child(
+        offline,
+        f"hf:acme/ultrachat-mini@{repo.old}",
+        "hf:acme/ultrachat-mini",
+        "hf:acme/ultrachat-mini@0123456789012345678901234567890123456789",
+    )
+    assert again == online and again_main == main
     assert "not in the local Hugging Face cache" in never["error"] and "HF_HUB_OFFLINE" in never["error"]
     assert Path(hf_env / "hub" / "datasets--acme--ultrachat-mini" / "refs" / "main").read_text() == repo.new
 
