@@ -9,10 +9,13 @@ runs, partitions, checks and plots. Re-running skips what is already materialize
 """
 
 import argparse
+import multiprocessing
 import sys
 import time
 import warnings
 from collections.abc import Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import dagster as dg
@@ -35,6 +38,12 @@ CORPUS_CONFIG = {"max_samples_per_shard": 160, "eval_fraction": 0.05}
 # configured prior (10x off here). It costs nothing on the simulator and little time: generation skips it after.
 PLAN_CONFIG = {"generation_plan": {"config": {"pilot_prompts": 16}}}
 PLAN_TOLERANCE = 0.10  # the demo says whether what generation spent and produced is within this of the plan
+# Generation partitions in flight at once, each in a worker process of its own (Dagster captures a run's output
+# by redirecting its process's stdout, so two runs cannot share a process). A partition mostly waits: on the
+# simulator's latency and on the tiny target, which decodes whatever requests are waiting as one batch; three at
+# once overlap that waiting and fill its batches, while each worker's start (importing the definitions) costs
+# about 4 CPU-seconds, paid during the pilot.
+GENERATION_WORKERS = 3
 
 
 # Not the project's errors, but systemic by nature: a run config Dagster refuses, or code that does not
@@ -68,6 +77,17 @@ def failure_cause(result: dg.ExecuteInProcessResult) -> tuple[str, set[str]]:
     return "no step failed, yet the run did not succeed", set()
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """One materialization as the demo reports it; plain data, so that a worker process can send it back."""
+
+    label: str
+    ok: bool
+    elapsed: float
+    cause: str = ""
+    classes: frozenset[str] = frozenset()
+
+
 class Demo:
     def __init__(self, instance: dg.DagsterInstance, defs: dg.Definitions) -> None:
         self.instance, self.defs = instance, defs
@@ -79,6 +99,9 @@ class Demo:
         self.summary: list[str] = []  # repeated at the end: the plan against what generation then did
 
     def materialize(self, keys: Sequence[dg.AssetKey], label: str, partition: str | None = None, config=None) -> bool:
+        return self.record(self.run(keys, label, partition, config))
+
+    def run(self, keys: Sequence[dg.AssetKey], label: str, partition: str | None = None, config=None) -> Outcome:
         assets = [self.defs.get_assets_def(k) for k in keys]
         started = time.monotonic()
         result = dg.materialize(
@@ -92,17 +115,23 @@ class Demo:
         elapsed = time.monotonic() - started
         self.last_result = result
         if result.success:
-            self.succeeded += 1
-            print(f"  {label}: ok ({elapsed:.1f}s)", flush=True)
-            return True
-        self.failed.append(label)
+            return Outcome(label, True, elapsed)
         cause, classes = failure_cause(result)
-        detail = "\n".join("      " + line for line in cause.splitlines())
-        print(f"  {label}: FAILED ({elapsed:.1f}s)\n{detail}", flush=True)
+        return Outcome(label, False, elapsed, cause, frozenset(classes))
+
+    def record(self, outcome: Outcome) -> bool:
+        """Print one step's line and keep its count; a failure that would repeat everywhere sets ``systemic``."""
+        if outcome.ok:
+            self.succeeded += 1
+            print(f"  {outcome.label}: ok ({outcome.elapsed:.1f}s)", flush=True)
+            return True
+        self.failed.append(outcome.label)
+        detail = "\n".join("      " + line for line in outcome.cause.splitlines())
+        print(f"  {outcome.label}: FAILED ({outcome.elapsed:.1f}s)\n{detail}", flush=True)
         # After one of these the demo stops instead of repeating the failure for every partition; so does a
         # first failure before anything succeeded (the same setup would meet it again).
-        if self.succeeded == 0 or classes & systemic_names():
-            self.systemic = cause
+        if self.succeeded == 0 or outcome.classes & systemic_names():
+            self.systemic = outcome.cause
         return False
 
     def done(self, key: dg.AssetKey) -> set[str]:
@@ -154,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     start = time.monotonic()
 
     print("1/5 generation (OpenRouter simulator) + exact token ids, per dataset × shard", flush=True)
-    if not generate(demo, definitions.DATASETS, args.datasets) or demo.failed or args.stop_after == "generation":
+    generated = generate(demo, definitions.DATASETS, args.datasets, args.target)
+    if not generated or demo.failed or args.stop_after == "generation":
         return finish(demo, start, home, sim)
 
     print("2/5 corpus: re-validate, deduplicate, shuffle, split, shard", flush=True)
@@ -197,28 +227,88 @@ def use_tiny_target(resources: dict, name: str) -> None:
     resources["openrouter"] = type(openrouter)(**{**openrouter.model_dump(), "simulator_tiny_target": name})
 
 
-def generate(demo: Demo, datasets: Mapping[str, "DatasetSpec"], only: Sequence[str] | None) -> bool:
-    """Stage 1: the plan (its pilot buys the first shards), then generation + tokens per dataset × shard, then
-    the plan against what generation spent and produced. False: stop (a failure that would repeat)."""
-    from eagle_assets.keys import PLAN_KEY, generated_asset_key, tokenized_asset_key
+def generate(demo: Demo, datasets: Mapping[str, "DatasetSpec"], only: Sequence[str] | None, target: str) -> bool:
+    """Stage 1: the plan (its pilot buys the first shards), then generation + tokens per dataset × shard, a few
+    partitions at once, then the plan against what generation spent and produced. False: stop (a failure that
+    would repeat)."""
+    from eagle_assets.keys import PLAN_KEY
 
-    demo.materialize([PLAN_KEY], "generation_plan", config=PLAN_CONFIG)
+    names = [name for name in datasets if not only or name in only]
+    with GenerationWorkers(target) as workers:  # they start while the pilot runs
+        demo.materialize([PLAN_KEY], "generation_plan", config=PLAN_CONFIG)
+        if demo.systemic:
+            return False
+        todo = [(name, shard) for name in names for shard in datasets[name].shard_keys()]
+        workers.run(demo, [(name, shard) for name, shard in todo if shard not in partitions_done(demo, name)])
     if demo.systemic:
         return False
-    names = [name for name in datasets if not only or name in only]
-    for name in names:
-        gen, tok = generated_asset_key(name), tokenized_asset_key(name)
-        done = demo.done(gen) & demo.done(tok)
-        for shard in datasets[name].shard_keys():
-            if shard in done:
-                continue
-            demo.materialize([gen, tok], f"{name}/{shard}", partition=shard)
-            if demo.systemic:
-                return False
     demo.summary = plan_against_generation(demo, names)
     for line in demo.summary:
         print(f"  {line}", flush=True)
     return True
+
+
+def partitions_done(demo: Demo, dataset: str) -> set[str]:
+    """The shards of ``dataset`` whose generation and tokens are both materialized: a re-run skips them."""
+    from eagle_assets.keys import generated_asset_key, tokenized_asset_key
+
+    return demo.done(generated_asset_key(dataset)) & demo.done(tokenized_asset_key(dataset))
+
+
+class GenerationWorkers:
+    """``GENERATION_WORKERS`` processes, each with the definitions loaded once, materializing one generation
+    partition (its generation and tokens assets, one run) at a time. The demo prints each line as a partition
+    ends, and hands out a partition only while nothing systemic has failed: at most the ones already in flight
+    run after such a failure."""
+
+    def __init__(self, target: str) -> None:
+        context = multiprocessing.get_context("spawn")  # not fork: the parent holds the instance's connections
+        self.pool = ProcessPoolExecutor(GENERATION_WORKERS, context, initializer=_start_worker, initargs=(target,))
+
+    def __enter__(self) -> "GenerationWorkers":
+        for _ in range(GENERATION_WORKERS):  # one task each: the pool starts a worker per task it cannot place
+            self.pool.submit(_worker_ready)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+    def run(self, demo: Demo, partitions: Sequence[tuple[str, str]]) -> None:
+        waiting = list(reversed(partitions))
+        running: set[Future[Outcome]] = set()
+        while True:
+            while waiting and len(running) < GENERATION_WORKERS and not demo.systemic:
+                running.add(self.pool.submit(_materialize_partition, *waiting.pop()))
+            if not running:
+                return
+            finished, running = wait(running, return_when=FIRST_COMPLETED)
+            for future in finished:
+                demo.record(future.result())
+
+
+_WORKER: Demo | None = None  # a generation worker's own instance and definitions
+
+
+def _start_worker(target: str) -> None:
+    global _WORKER
+    warnings.filterwarnings("ignore", category=dg.PreviewWarning)
+    warnings.filterwarnings("ignore", category=dg.BetaWarning)
+    from eagle_assets import definitions  # DAGSTER_HOME came with the environment
+
+    _WORKER = Demo(dg.DagsterInstance.get(), definitions.defs)
+    use_tiny_target(_WORKER.resources, target)
+
+
+def _worker_ready() -> None:
+    """Nothing: a task that makes the pool start its workers (and their imports) ahead of the first partition."""
+
+
+def _materialize_partition(dataset: str, shard: str) -> Outcome:
+    from eagle_assets.keys import generated_asset_key, tokenized_asset_key
+
+    assert _WORKER is not None  # set by the pool's initializer
+    keys = [generated_asset_key(dataset), tokenized_asset_key(dataset)]
+    return _WORKER.run(keys, f"{dataset}/{shard}", partition=shard)
 
 
 def plan_against_generation(demo: Demo, names: Sequence[str]) -> list[str]:
