@@ -8,7 +8,6 @@ simulator's peak only as an upper bound, which no timing can break.
 """
 
 import asyncio
-import multiprocessing
 import threading
 import time
 import traceback
@@ -29,6 +28,7 @@ from resources.openrouter.secret import ApiKey
 from resources.simulator.config import LatencyConfig, SimulatorConfig
 from resources.simulator.server import endpoints_payload
 from tests.generation.conftest import MODEL, make_prompts, sim_config
+from tests.generation.forked import CTX, process
 from tests.simulator.harness import run_simulator_in_thread
 
 MAX_TOKENS = 1024
@@ -84,7 +84,7 @@ def run_partition(
     tail_fraction: float = 0.1,
     ledger_factory: Callable[[Path], BudgetLedger] = BudgetLedger,
 ) -> PartitionReport:
-    """One partition through the real runner; a module-level function, so a spawned process can run it."""
+    """One partition through the real runner; a module-level function, so a child process can run it."""
     settings = GenerationSettings(
         model=MODEL,
         max_tokens=max_tokens,
@@ -269,7 +269,7 @@ def test_credits_402_stops_admission_and_in_flight_answers_are_journaled(tmp_pat
 class SharingRecorder(AdmissionRecorder):
     """The real ledger, which at its first lease puts what it wants on record and then waits until the other
     process has done the same, before either admits anything: the two then run side by side by construction,
-    not by how fast each was spawned. It notes every limit the ledger granted while the other wanted slots, with
+    not by how fast each was started. It notes every limit the ledger granted while the other wanted slots, with
     how many the other wanted."""
 
     def __init__(self, path: Path, dataset: str, both_declared: Any) -> None:
@@ -316,12 +316,11 @@ def _partition_process(base_url: str, tmp: str, dataset: str, n: int, cap: int, 
 def test_two_processes_share_one_account_wide_in_flight_cap(tmp_path):
     cap = 60
     cfg = sim_config(latency=LatencyConfig.fixed(0.2), mean_completion_tokens=40)
-    ctx = multiprocessing.get_context("spawn")
-    out = ctx.Queue()
-    both_declared = ctx.Barrier(2)
+    out = CTX.Queue()
+    both_declared = CTX.Barrier(2)
     with run_simulator_in_thread(cfg) as sim:
         procs = [
-            ctx.Process(target=_partition_process, args=(sim.base_url, str(tmp_path), d, 600, cap, both_declared, out))
+            process(_partition_process, sim.base_url, str(tmp_path), d, 600, cap, both_declared, out)
             for d in ("D1", "D2")
         ]
         for p in procs:

@@ -6,7 +6,6 @@ the lease in the ledger's database alone. The other host's writer is a real proc
 through the same ``exclusive`` the merge and the store take.
 """
 
-import multiprocessing
 import os
 import signal
 import threading
@@ -18,7 +17,7 @@ import torch
 from eagle_assets.corpus.merge import _LOCK_NAME as MERGE_LOCK
 from eagle_assets.corpus.merge import INDEX_NAME, MergeConfig, MergeResult, merge_corpus
 from eagle_assets.generation.database_lease import LeaseBusyError
-from eagle_assets.generation.folder_lease import exclusive, folder_lease_name
+from eagle_assets.generation.folder_lease import folder_lease_name
 from eagle_assets.generation.ledger.database import open_database
 from eagle_assets.hidden_states.layers import AuxLayers
 from eagle_assets.hidden_states.store_format import INDEX_NAME as STORE_INDEX
@@ -26,8 +25,9 @@ from eagle_assets.hidden_states.store_format import LOCK_NAME as STORE_LOCK
 from eagle_assets.hidden_states.store_format import StoreMeta
 from eagle_assets.hidden_states.store_writer import StoreWriter
 from tests.corpus.helpers import tokenized_dataset
+from tests.generation.forked import CTX, process
+from tests.generation.holders import hold_folder
 
-CTX = multiprocessing.get_context("spawn")
 CFG = MergeConfig(seed=7, eval_count=5, max_samples_per_shard=30, max_tokens_per_shard=10_000_000, batch_rows=8)
 
 
@@ -42,18 +42,9 @@ def host_a(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return home
 
 
-def _hold(location, directory, lock_name, conn):
-    """host-b: hold the folder's lease until told to give it back."""
-    os.environ["EAGLE_FORGE_HOST_ID"] = "host-b"
-    with exclusive(Path(directory), lock_name, what=f"{directory} (host-b)", location=location) as lease:
-        conn.send(("holding", lease.token, os.getpid()))
-        conn.recv()
-    conn.send("released")
-
-
 def _start_holder(location, directory: Path, lock_name: str):
     parent, child = CTX.Pipe()
-    proc = CTX.Process(target=_hold, args=(location, str(directory), lock_name, child), daemon=True)
+    proc = process(hold_folder, location, str(directory), lock_name, child, daemon=True)
     proc.start()
     if not parent.poll(60):
         raise AssertionError("host-b never took the lease")

@@ -1,4 +1,3 @@
-import multiprocessing
 import os
 
 import pytest
@@ -12,6 +11,7 @@ from eagle_assets.generation.journal import (
     read_records,
     scan,
 )
+from tests.generation.forked import CTX, process
 
 
 def rec(i: int) -> dict:
@@ -86,8 +86,8 @@ def _try_lock(path, q):
 def test_second_writer_is_refused(tmp_path):
     path = tmp_path / "j.journal"
     with Journal(path):
-        q = multiprocessing.get_context("spawn").Queue()
-        p = multiprocessing.get_context("spawn").Process(target=_try_lock, args=(path, q))
+        q = CTX.Queue()
+        p = process(_try_lock, path, q)
         p.start()
         p.join(30)
         assert q.get(timeout=5) == "refused"

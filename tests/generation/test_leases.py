@@ -6,7 +6,6 @@ The journal tests also turn ``flock`` off (``EAGLE_FORGE_JOURNAL_FLOCK=0``), as 
 not honour it, so that what keeps the second writer out is the database lease alone.
 """
 
-import multiprocessing
 import os
 import signal
 import time
@@ -16,9 +15,9 @@ import pytest
 from eagle_assets.generation.journal import Journal, read_records
 from eagle_assets.generation.ledger import BudgetLedger, LedgerLeaseLost
 from eagle_assets.generation.partition_fence import FenceLostError, PartitionBusyError
+from tests.generation.forked import CTX, process
 
 LEASE_S = 3.0
-CTX = multiprocessing.get_context("spawn")
 
 
 def _as_host(host: str) -> None:
@@ -44,7 +43,7 @@ def _holder(location, host, conn):
 
 def _start(target, *args):
     parent, child = CTX.Pipe()
-    proc = CTX.Process(target=target, args=(*args, child), daemon=True)
+    proc = process(target, *args, child, daemon=True)
     proc.start()
     return proc, parent
 

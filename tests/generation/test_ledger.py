@@ -1,6 +1,5 @@
 import itertools
 import math
-import multiprocessing
 import os
 import random
 import signal
@@ -10,6 +9,7 @@ import pytest
 
 from eagle_assets.generation.admission import AdmissionPolicy
 from eagle_assets.generation.ledger import BudgetLedger, ReservationRequest, Settlement
+from tests.generation.forked import CTX, process
 
 
 def test_reservation_respects_budget_and_settles(ledger_at):
@@ -63,9 +63,8 @@ def _reserve_and_hang(path, ready):
 
 def test_dead_process_reservations_become_worst_case_spend_then_corrected(ledger_at):
     path = ledger_at("l")
-    ctx = multiprocessing.get_context("spawn")
-    ready = ctx.Event()
-    p = ctx.Process(target=_reserve_and_hang, args=(path, ready))
+    ready = CTX.Event()
+    p = process(_reserve_and_hang, path, ready)
     p.start()
     assert ready.wait(30)
     live = BudgetLedger(path)
@@ -89,9 +88,8 @@ def test_dead_process_reservations_become_worst_case_spend_then_corrected(ledger
 def test_concurrent_processes_never_exceed_budget(ledger_at):
     path = ledger_at("l")
     BudgetLedger(path).close()
-    ctx = multiprocessing.get_context("spawn")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=_grab, args=(path, q)) for _ in range(4)]
+    q = CTX.Queue()
+    procs = [process(_grab, path, q) for _ in range(4)]
     for p in procs:
         p.start()
     got = sum(q.get(timeout=60) for _ in procs)
@@ -154,20 +152,21 @@ def _spend_down(led: BudgetLedger, budget: float, wave: int, seed: int) -> list[
 
 
 def test_statistical_admission_fills_the_budget_that_worst_case_leaves_idle(ledger_at):
-    budget = 8.0
+    """Waves of 1,000 against $4 (2,000 against $8 before: the same ratio, half the reservations to write)."""
+    budget, wave = 4.0, 1000
     stat = BudgetLedger(ledger_at("stat"))
-    waves = _spend_down(stat, budget, wave=2000, seed=1)
+    waves = _spend_down(stat, budget, wave=wave, seed=1)
     hard = BudgetLedger(ledger_at("hard"), policy=AdmissionPolicy(mode="hard"))
-    waves_hard = _spend_down(hard, budget, wave=2000, seed=1)
+    waves_hard = _spend_down(hard, budget, wave=wave, seed=1)
     # The first wave knows nothing: both hold the worst case.
     assert waves[0][1] == waves_hard[0][1] == int(budget // WORST)
     # Hard mode never admits past the worst case of what is left ...
     assert all(n * WORST <= budget - before + 1e-9 for before, n in waves_hard)
-    # ... so its waves shrink from the start, while statistical mode keeps 2000 in flight until the last
-    # quarter of the budget (2000 in flight hold ~$2 of it) and reaches 95% of it in half the waves (the wall
+    # ... so its waves shrink from the start, while statistical mode keeps 1000 in flight until the last
+    # quarter of the budget (1000 in flight hold ~$1 of it) and reaches 95% of it in half the waves (the wall
     # time, at a fixed latency).
     assert all(a[1] >= b[1] for a, b in itertools.pairwise(waves_hard)) and waves_hard[1][1] < waves_hard[0][1]
-    assert all(n == 2000 for before, n in waves[1:] if before < 0.7 * budget)
+    assert all(n == wave for before, n in waves[1:] if before < 0.7 * budget)
 
     def waves_to(share, ws):
         return next(i for i, (before, _) in enumerate(ws) if before >= share * budget)
@@ -296,11 +295,10 @@ def _slot_worker(path, conn):
 
 def test_two_processes_share_one_in_flight_cap(ledger_at):
     path = ledger_at("l")
-    ctx = multiprocessing.get_context("spawn")
     pipes, procs = [], []
     for _ in range(2):
-        parent, child = ctx.Pipe()
-        p = ctx.Process(target=_slot_worker, args=(path, child))
+        parent, child = CTX.Pipe()
+        p = process(_slot_worker, path, child)
         p.start()
         pipes.append(parent)
         procs.append(p)
@@ -347,12 +345,11 @@ def _open_fresh(path, start, out):
 
 def test_many_processes_can_create_the_same_fresh_ledger_at_once(ledger_at):
     """B1–B8 started together on a new home all open a ledger that does not exist yet."""
-    ctx = multiprocessing.get_context("spawn")
-    start, out = ctx.Event(), ctx.Queue()
-    procs = [ctx.Process(target=_open_fresh, args=(ledger_at("l"), start, out)) for _ in range(8)]
+    start, out = CTX.Event(), CTX.Queue()
+    procs = [process(_open_fresh, ledger_at("l"), start, out) for _ in range(8)]
     for p in procs:
         p.start()
-    time.sleep(1.0)  # let them all import and wait at the line
+    time.sleep(1.0)  # let them all start and wait at the line
     start.set()
     results = [out.get(timeout=60) for _ in procs]
     for p in procs:

@@ -3,7 +3,6 @@
 Each ledger test runs on SQLite and on a real PostgreSQL (``ledger_at``).
 """
 
-import multiprocessing
 import os
 import signal
 
@@ -15,6 +14,8 @@ from eagle_assets.datasets.config import DatasetSpec
 from eagle_assets.generation.ledger import AccountSettings, AccountSettingsConflict, BudgetLedger
 from eagle_assets.generation.partition_runs import open_ledger
 from resources.duckdb.resource import DuckDBResource
+from tests.generation.forked import CTX, process
+from tests.generation.holders import hold_account
 from tests.generation.test_dagster_generation import resource_for, write_prompts
 
 A100 = AccountSettings(100.0, 2000)
@@ -85,17 +86,10 @@ def test_owners_that_only_read_neither_set_nor_block_the_settings(ledger_at):
         observer.close()
 
 
-def _hold_the_account(at, ready):
-    BudgetLedger(at, account=A100)
-    ready.set()
-    signal.pause()
-
-
 def test_a_dead_run_does_not_hold_the_settings(ledger_at):
     at = ledger_at("l")
-    ctx = multiprocessing.get_context("spawn")
-    ready = ctx.Event()
-    p = ctx.Process(target=_hold_the_account, args=(at, ready))
+    ready = CTX.Event()
+    p = process(hold_account, at, A100, ready)
     p.start()
     try:
         assert ready.wait(60)
