@@ -15,7 +15,7 @@ from eagle_assets.tokenization.tokenizer_source import resolve_tokenizer_dir
 from resources.openrouter.resource import SIMULATOR_KEY, OpenRouterResource
 from resources.openrouter.secret import ApiKey, MissingApiKeyError, check_key_file_permissions, load_api_key
 from resources.simulator.config import LatencyConfig, SimulatorConfig
-from tests.simulator.harness import spawn_simulator_process
+from tests.simulator.harness import run_simulator_in_thread
 
 CANARY = "sk-or-v1-CANARY7f3a9e21d4c8b6"
 
@@ -56,6 +56,25 @@ def test_key_file_permissions_are_checked(tmp_path):
     assert check_key_file_permissions(f) is None
 
 
+def _materialize(
+    home: Path, dagster_home: Path, datasets: Path, key_file: Path, port: str, extra: list[str]
+) -> subprocess.CompletedProcess[str]:
+    """``dagster asset materialize`` of S1's partition, the key in both the key file and the environment."""
+    env = {
+        **os.environ,
+        "EAGLE_FORGE_HOME": str(home),
+        "EAGLE_FORGE_DATASETS": str(datasets),
+        "EAGLE_FORGE_SIM_PORT": port,
+        "DAGSTER_HOME": str(dagster_home),
+        "PYTHONPATH": str(REPO_ROOT),
+        "EAGLE_FORGE_KEY_FILE": str(key_file),
+        "OPENROUTER_API_KEY": CANARY,
+    }
+    cmd = [sys.executable, "-m", "dagster", "asset", "materialize", "-m", "eagle_assets.definitions"]
+    cmd += ["--select", "generated/S1", "--partition", "0000", *extra]
+    return subprocess.run(cmd, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=240)
+
+
 @pytest.mark.parametrize("accepted", ["same", "other"])
 def test_full_materialization_leaves_no_trace_of_the_key(tmp_path, accepted):
     home, dagster_home = tmp_path / "home", tmp_path / "dh"
@@ -73,48 +92,19 @@ def test_full_materialization_leaves_no_trace_of_the_key(tmp_path, accepted):
     key_file.write_text(CANARY)
     key_file.chmod(0o644)  # deliberately too open: the run must warn, without printing the key
     keys = frozenset({CANARY if accepted == "same" else "sk-or-v1-somebody-else"})
-    sim = spawn_simulator_process(
-        SimulatorConfig(
-            latency=LatencyConfig.fixed(0.005),
-            accepted_keys=keys,
-            tokenizer_dir=resolve_tokenizer_dir(),
-            state_file=home / "sim.json",
-        )
+    config = SimulatorConfig(
+        latency=LatencyConfig.fixed(0.005),
+        accepted_keys=keys,
+        tokenizer_dir=resolve_tokenizer_dir(),
+        state_file=home / "sim.json",
     )
-    port = sim.base_url.split(":")[2].split("/")[0]
-    env = {
-        **os.environ,
-        "EAGLE_FORGE_HOME": str(home),
-        "EAGLE_FORGE_DATASETS": str(datasets),
-        "EAGLE_FORGE_SIM_PORT": port,
-        "DAGSTER_HOME": str(dagster_home),
-        "PYTHONPATH": str(REPO_ROOT),
-        "EAGLE_FORGE_KEY_FILE": str(key_file),
-        "OPENROUTER_API_KEY": CANARY,
-    }
-    try:
-        out = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "dagster",
-                "asset",
-                "materialize",
-                "-m",
-                "eagle_assets.definitions",
-                "--select",
-                "generated/S1",
-                "--partition",
-                "0000",
-            ],
-            env=env,
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            timeout=240,
-        )
-    finally:
-        sim.terminate()
+    # The rejected key's run takes Dagster's in_process executor: its step runs in the CLI's own process, not in a
+    # spawned child that imports dagster and the definitions again (~5 CPU s); the accepted key's run keeps the
+    # default executor, so the step child's captured output is searched too.
+    executor = ["--config-json", '{"execution": {"config": {"in_process": {}}}}'] if accepted == "other" else []
+    with run_simulator_in_thread(config) as sim:
+        port = sim.base_url.split(":")[2].split("/")[0]
+        out = _materialize(home, dagster_home, datasets, key_file, port, executor)
     captured = out.stdout + out.stderr
     if accepted == "same":
         assert out.returncode == 0, captured[-3000:]
