@@ -458,12 +458,13 @@ def merge_corpus(
     config: MergeConfig | None = None,
     *,
     lease_location: str | Path | None = None,
+    lease_wait_s: float = MERGE_LEASE_WAIT_S,
 ) -> MergeResult:
     """Build (or bring up to date) the corpus in ``out_dir`` from the tokenized partition files ``sources``.
 
     Two merges into one folder would delete each other's shards, so a merge is the folder's only writer on
     every host: its ``flock``, and a lease in the ledger's database (``lease_location``, default the configured
-    ledger) that a merge on another host waits for, checked before each destructive step.
+    ledger) that a merge on another host waits for (``lease_wait_s``), checked before each destructive step.
     """
     config = config or MergeConfig()
     out_dir = Path(out_dir)
@@ -472,7 +473,7 @@ def merge_corpus(
     described = describe_sources(sources)
     key = plan_key(described, config)
     what = f"the corpus merge into {out_dir}"
-    with exclusive(out_dir, _LOCK_NAME, what=what, location=lease_location, wait_s=MERGE_LEASE_WAIT_S) as lease:
+    with exclusive(out_dir, _LOCK_NAME, what=what, location=lease_location, wait_s=lease_wait_s) as lease:
         index = read_index(out_dir)
         if index is not None:
             if _index_is_complete(index, key, out_dir):
