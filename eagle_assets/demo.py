@@ -167,18 +167,13 @@ def main(argv: list[str] | None = None) -> int:
         help="leave the simulator this demo started running (for the Dagster UI); by default it is stopped",
     )
     args = parser.parse_args(argv)
-    # Dagster flags its own Pipes internals as preview; that is not news for someone running the demo.
-    warnings.filterwarnings("ignore", category=dg.PreviewWarning)
-    warnings.filterwarnings("ignore", category=dg.BetaWarning)
     home = ensure_dagster_home()
-    from eagle_assets import definitions  # after DAGSTER_HOME is set
+    demo = load_demo(args.target)  # after DAGSTER_HOME is set, and before any import that warns
+    from eagle_assets import definitions
     from eagle_assets.assets.draft import TINY_TARGET_BENCHMARK_CONFIG, TINY_TARGET_TRAIN_CONFIG
     from eagle_assets.keys import BENCHMARK_KEY, CORPUS_KEY, DRAFT_KEY
 
-    instance = dg.DagsterInstance.get()
-    configure_pools(instance)
-    demo = Demo(instance, definitions.defs)
-    use_tiny_target(demo.resources, args.target)
+    configure_pools(demo.instance)
     sim = SimulatorOwnership(demo.resources["openrouter"], keep=args.keep_simulator)
     start = time.monotonic()
 
@@ -206,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     if demo.materialize(
         [BENCHMARK_KEY], "draft_benchmark", config={"draft_benchmark": {"config": TINY_TARGET_BENCHMARK_CONFIG}}
     ):
-        event = instance.get_latest_materialization_event(BENCHMARK_KEY)
+        event = demo.instance.get_latest_materialization_event(BENCHMARK_KEY)
         assert event is not None and event.asset_materialization is not None  # it was just materialized
         md = event.asset_materialization.metadata
         print(
@@ -216,6 +211,19 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"  exported draft: {layout.latest_export_dir()}/export (SGLang and vLLM)")
     return finish(demo, start, home, sim)
+
+
+def load_demo(target: str) -> Demo:
+    """The instance and definitions, with the simulator answering as ``target``: the demo's process and each
+    generation worker open theirs the same way (DAGSTER_HOME must be set first)."""
+    # Dagster flags its own Pipes internals as preview; that is not news for someone running the demo.
+    warnings.filterwarnings("ignore", category=dg.PreviewWarning)
+    warnings.filterwarnings("ignore", category=dg.BetaWarning)
+    from eagle_assets import definitions
+
+    demo = Demo(dg.DagsterInstance.get(), definitions.defs)
+    use_tiny_target(demo.resources, target)
+    return demo
 
 
 def use_tiny_target(resources: dict, name: str) -> None:
@@ -291,12 +299,7 @@ _WORKER: Demo | None = None  # a generation worker's own instance and definition
 
 def _start_worker(target: str) -> None:
     global _WORKER
-    warnings.filterwarnings("ignore", category=dg.PreviewWarning)
-    warnings.filterwarnings("ignore", category=dg.BetaWarning)
-    from eagle_assets import definitions  # DAGSTER_HOME came with the environment
-
-    _WORKER = Demo(dg.DagsterInstance.get(), definitions.defs)
-    use_tiny_target(_WORKER.resources, target)
+    _WORKER = load_demo(target)  # DAGSTER_HOME came with the environment
 
 
 def _worker_ready() -> None:
