@@ -24,6 +24,7 @@ from resources.duckdb.resource import DuckDBResource
 from resources.openrouter.configured import openrouter_from_env
 from resources.serving.resource import ServingEngineResource, serving_from_env
 from resources.target.resource import TargetModelResource
+from resources.target.training_pipes import training_pipes_client
 from sensors.credits_sensor import build_credits_sensor
 from sensors.training_sensor import build_training_sensor
 
@@ -64,7 +65,7 @@ def default_resources() -> dict[str, object]:
         "duckdb": DuckDBResource(),
         "target": TARGET,
         "serving": SERVING,
-        "pipes_subprocess_client": dg.PipesSubprocessClient(),
+        "pipes_subprocess_client": training_pipes_client(),
     }
 
 

@@ -1,9 +1,9 @@
-import dagster as dg
 import pytest
 
 from resources.duckdb.resource import DuckDBResource
 from resources.serving.resource import ServingEngineResource
 from resources.target.resource import TargetModelResource
+from resources.target.training_pipes import training_pipes_client
 from tests.generation.test_dagster_generation import resource_for
 from tests.torch_threads import one_torch_thread
 
@@ -28,5 +28,5 @@ def pipeline_resources(base_url: str, max_tokens: int) -> dict[str, object]:
         "duckdb": DuckDBResource(),
         "target": TargetModelResource(),
         "serving": ServingEngineResource(),
-        "pipes_subprocess_client": dg.PipesSubprocessClient(),
+        "pipes_subprocess_client": training_pipes_client(),
     }

@@ -15,6 +15,7 @@ from eagle_assets.assets.draft import TINY_TARGET_TRAIN_CONFIG, draft_model, tra
 from eagle_assets.keys import CORPUS_KEY, CORPUS_SHARDS_NAME
 from eagle_assets.layout import hidden_states_root, shard_file
 from resources.target.resource import TargetModelResource
+from resources.target.training_pipes import training_pipes_client
 from sensors.training_sensor import build_training_sensor, features_mode
 
 TRAIN = {"draft_vocab_size": 512, "max_steps": 6, "batch_size": 4, "ttt_steps": 3, "lr": 3e-3, "log_every": 2}
@@ -48,7 +49,7 @@ def test_the_sensor_launches_online_training_on_the_corpus_and_no_store_is_writt
     sensor = build_training_sensor(run_config=online_config)
     assert features_mode(online_config) == "online" and features_mode(training_run_config(True)) == "offline"
     with dg.instance_for_test() as instance:
-        res = {"target": TargetModelResource(), "pipes_subprocess_client": dg.PipesSubprocessClient()}
+        res = {"target": TargetModelResource(), "pipes_subprocess_client": training_pipes_client()}
         ctx = dg.build_sensor_context(instance=instance)
         assert "materialize the corpus" in sensor(ctx).skip_message
         assert dg.materialize([standin_corpus], instance=instance, resources=res).success

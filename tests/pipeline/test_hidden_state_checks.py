@@ -19,6 +19,7 @@ from eagle_assets.hidden_states import extract_hf
 from eagle_assets.keys import CORPUS_SHARDS
 from eagle_assets.layout import shard_file, store_dir
 from resources.target.resource import TargetModelResource
+from resources.target.training_pipes import training_pipes_client
 from sensors.training_sensor import build_training_sensor
 
 SHARDS = ("train-00000", "train-00001")
@@ -65,7 +66,7 @@ def check_metadata(result: dg.ExecuteInProcessResult, name: str) -> dict:
 
 
 def test_a_bad_shard_fails_its_blocking_checks_and_training_waits_for_it(forge_home):
-    resources = {"target": TargetModelResource(), "pipes_subprocess_client": dg.PipesSubprocessClient()}
+    resources = {"target": TargetModelResource(), "pipes_subprocess_client": training_pipes_client()}
     sensor = build_training_sensor(run_config=training_run_config(tiny_target=True))
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions(CORPUS_SHARDS.name, list(SHARDS))
