@@ -8,6 +8,10 @@ cd "$(dirname "$0")/.."
 ruff check .
 ruff format --check .  # one formatting, so diffs show changes and not style
 mypy  # the packages configured in pyproject.toml ([tool.mypy])
+# Bytecode caches on, even where the environment turns them off (PYTHONDONTWRITEBYTECODE): otherwise each of the
+# 4 workers and every Python the tests start recompiles the project and pytest rewrites every test module again
+# (collection 17 -> 11 CPU-s per worker here). They go to __pycache__/, which git ignores.
+unset PYTHONDONTWRITEBYTECODE
 # On pytest-xdist workers: much of the suite waits on subprocesses, servers and sockets, so 4 workers beat the
 # 2 cores they share (tests/conftest.py groups module-shared fixtures and deals slow tests first).
 # TEST_WORKERS=0 runs in one process (not an EAGLE_FORGE_ name: those are settings, and an unknown one is refused); arguments after the script's name go to pytest.

@@ -269,7 +269,6 @@ def dagster_ui(chromium_executable: str, tmp_path_factory: pytest.TempPathFactor
         EAGLE_FORGE_SIM_PORT=str(sim_port),
         EAGLE_FORGE_TARGET="simulator",
         PYTHONUNBUFFERED="1",
-        OMP_NUM_THREADS="1",  # the simulator's tiny target and the runs: see tests/torch_threads.py
     )
     log_path = base / "dagster_dev.log"
     cmd = [sys.executable, "-m", "dagster", "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)]

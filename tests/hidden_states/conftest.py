@@ -7,14 +7,6 @@ import torch
 
 from eagle_assets.hidden_states.samples import HiddenStateSample
 from eagle_assets.target.tiny import build_tiny_target, load_target
-from tests.torch_threads import one_torch_thread
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _one_thread():
-    # Two cores shared with other workers: a second intra-op thread only spins (tests/torch_threads.py).
-    with one_torch_thread():
-        yield
 
 
 @pytest.fixture(scope="session")

@@ -5,14 +5,6 @@ from resources.serving.resource import ServingEngineResource
 from resources.target.resource import TargetModelResource
 from resources.target.training_pipes import training_pipes_client
 from tests.generation.test_dagster_generation import resource_for
-from tests.torch_threads import one_torch_thread
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _one_torch_thread():
-    # The target's forward passes here, in the Pipes training subprocess and the simulator (tests/torch_threads.py).
-    with one_torch_thread():
-        yield
 
 
 @pytest.fixture

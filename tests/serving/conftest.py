@@ -11,20 +11,12 @@ from eagle_assets.draft.model import Eagle3Draft
 from eagle_assets.draft.vocab import vocab_from_samples
 from tests.draft.helpers import small_config
 from tests.serving.fake_engines import ENV
-from tests.torch_threads import one_torch_thread
 
 FAKE_LAUNCHER = {
     "sglang": [sys.executable, "-m", "tests.serving.fake_engines", "sglang"],
     "vllm": [sys.executable, "-m", "tests.serving.fake_engines", "vllm"],
 }
 TARGET_LAYERS = 61
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _one_thread():
-    # The in-process benchmarks' tiny target and the engine subprocesses (tests/torch_threads.py).
-    with one_torch_thread():
-        yield
 
 
 def write_draft(folder: Path) -> Path:
