@@ -20,6 +20,7 @@ import os
 import resource
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -91,7 +92,8 @@ def _cpu_seconds() -> float:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    """With ``TEST_CPU_LOG`` set: one line per test (setup, call and teardown), ``<cpu s>\t<node id>``.
+    """With ``TEST_CPU_LOG`` set: one line per test (setup, call and teardown),
+    ``<cpu s>\t<node id>\t<xdist worker>\t<end time>``.
 
     A module-scoped fixture's cost lands on the test that built it, and threads other tests left running are
     counted where they run; sorting the file (``sort -rn``) shows where the suite's CPU goes."""
@@ -100,7 +102,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     yield
     if log:
         with open(log, "a") as f:
-            f.write(f"{_cpu_seconds() - before:.2f}\t{item.nodeid}\n")
+            worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+            f.write(f"{_cpu_seconds() - before:.2f}\t{item.nodeid}\t{worker}\t{time.time():.1f}\n")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
