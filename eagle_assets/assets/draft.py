@@ -11,7 +11,7 @@ import json
 import shutil
 import sys
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import dagster as dg
 from pydantic import Field
@@ -185,11 +185,10 @@ def draft_model(
     completed = pipes_subprocess_client.run(
         command=training_command(out / "run.json", nproc), context=context, cwd=str(REPO_ROOT)
     )
+    reported = training_report(completed.get_materialize_result(), out)
     written = tree_bytes(hidden_states_root()) - before
     latest = latest_export_dir()
     publish_export(out / "export", latest)
-    result = completed.get_materialize_result()
-    reported = dict(result.metadata or {})
     # What the export found about how the engines will serve it (eagle_assets/draft/export.py), in the UI.
     forge = json.loads((latest / "export" / "config.json").read_text()).get("eagle_forge", {})
     for warning in forge.get("warnings", []):
@@ -208,6 +207,19 @@ def draft_model(
             "processes": dg.MetadataValue.int(nproc),
         }
     )
+
+
+def training_report(result: dg.MaterializeResult, out: Path) -> dict[str, Any]:
+    """The metadata the training process reported through Pipes. Without it the run would end green with a draft
+    that shows no steps, loss or curves (Dagster's Pipes session does not fail when the report never arrives), so
+    the materialization fails instead, before the export is published as the latest."""
+    reported = dict(result.metadata or {})
+    if "steps" not in reported:
+        raise fail(
+            f"training in {out} ended without its report reaching Dagster (no steps, loss or curves): the export "
+            "is not published; the training process's output is in this step's stdout and stderr"
+        )
+    return reported
 
 
 def offline_inputs(context: dg.AssetExecutionContext) -> TrainInputs:

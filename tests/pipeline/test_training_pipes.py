@@ -8,7 +8,9 @@ import time
 from pathlib import Path
 
 import dagster as dg
+import pytest
 
+from eagle_assets.assets.draft import training_report
 from resources.target.training_pipes import training_pipes_client, whole_lines
 
 
@@ -63,3 +65,10 @@ def test_the_draft_assets_client_keeps_a_materialization_written_in_pieces(tmp_p
     assert result.success
     (mat,) = result.asset_materializations_for_node("trained")
     assert mat.metadata["curve"].value == "y" * 30000
+
+
+def test_a_training_run_whose_report_never_arrived_fails_instead_of_ending_green(tmp_path: Path) -> None:
+    # What Dagster's Pipes session returns when the process reported nothing: a result without metadata.
+    with pytest.raises(dg.Failure, match="ended without its report reaching Dagster"):
+        training_report(dg.MaterializeResult(), tmp_path)
+    assert training_report(dg.MaterializeResult(metadata={"steps": 12}), tmp_path) == {"steps": 12}
