@@ -74,14 +74,15 @@ def test_check_disk_refuses_with_numbers(tmp_path):
     assert "need" in msg and "GiB" in msg and "free" in msg
     assert f"{(free + 10 * GiB) / GiB:.2f} GiB" in msg
     with pytest.raises(InsufficientDiskError, match="reserve"):
-        check_disk(tmp_path, 1, reserve_bytes=free + GiB)
+        check_disk(tmp_path, 1, reserve_bytes=free + 10 * GiB)
 
 
 def test_extraction_refuses_before_computing_when_disk_is_short(tmp_path):
     backend = FakeFeatures()
+    # 10 GiB beyond what is free now: other xdist workers share /tmp and free space between this read and the check
     free = shutil.disk_usage(tmp_path).free
     with pytest.raises(InsufficientDiskError):
-        run_extraction(make_corpus(), tmp_path, meta(), backend, reserve_bytes=free)
+        run_extraction(make_corpus(), tmp_path, meta(), backend, reserve_bytes=free + 10 * GiB)
     assert backend.calls == 0
     assert not list(tmp_path.glob("shard-*"))
 
