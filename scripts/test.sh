@@ -12,6 +12,8 @@ mypy  # the packages configured in pyproject.toml ([tool.mypy])
 # 4 workers and every Python the tests start recompiles the project and pytest rewrites every test module again
 # (collection 17 -> 11 CPU-s per worker here). They go to __pycache__/, which git ignores.
 unset PYTHONDONTWRITEBYTECODE
+# Compiled once here (under a second on a fresh clone), not by 4 workers racing to compile the same modules.
+python -m compileall -q -j 0 eagle_assets resources sensors benchmarks tests scripts >/dev/null
 # On pytest-xdist workers: much of the suite waits on subprocesses, servers and sockets, so 4 workers beat the
 # 2 cores they share (tests/conftest.py groups module-shared fixtures and deals slow tests first).
 # TEST_WORKERS=0 runs in one process (not an EAGLE_FORGE_ name: those are settings, and an unknown one is refused); arguments after the script's name go to pytest.
