@@ -5,15 +5,20 @@ cd "$(dirname "$0")/.."
 # A .venv from before mypy or pytest-xdist: add them.
 [ -x .venv/bin/pytest ] && [ -x .venv/bin/mypy ] && .venv/bin/python -c "import xdist" 2>/dev/null || bash scripts/setup.sh
 . .venv/bin/activate
-ruff check .
-ruff format --check .  # one formatting, so diffs show changes and not style
-mypy  # the packages configured in pyproject.toml ([tool.mypy])
 # Bytecode caches on, even where the environment turns them off (PYTHONDONTWRITEBYTECODE): otherwise each of the
 # 4 workers and every Python the tests start recompiles the project and pytest rewrites every test module again
 # (collection 17 -> 11 CPU-s per worker here). They go to __pycache__/, which git ignores.
 unset PYTHONDONTWRITEBYTECODE
-# Compiled once here (under a second on a fresh clone), not by 4 workers racing to compile the same modules.
-python -m compileall -q -j 0 eagle_assets resources sensors benchmarks tests scripts >/dev/null
+# mypy checks on one core; on the other, compile the project and let pytest rewrite its test modules once, so the
+# 4 workers below find them cached (on a fresh clone each worker would otherwise do it again: ~6 CPU-s each).
+# Its output is dropped: the run below reports any collection error.
+{ python -m compileall -q -j 0 eagle_assets resources sensors benchmarks tests scripts
+  python -m pytest -q --collect-only -p no:cacheprovider; } >/dev/null 2>&1 &
+warm=$!
+ruff check .
+ruff format --check .  # one formatting, so diffs show changes and not style
+mypy  # the packages configured in pyproject.toml ([tool.mypy])
+wait "$warm" || true
 # On pytest-xdist workers: much of the suite waits on subprocesses, servers and sockets, so 4 workers beat the
 # 2 cores they share (tests/conftest.py groups module-shared fixtures and deals slow tests first).
 # TEST_WORKERS=0 runs in one process (not an EAGLE_FORGE_ name: those are settings, and an unknown one is refused); arguments after the script's name go to pytest.
