@@ -55,8 +55,9 @@ class TinyTargetSpec:
     # 7 layers, not 6: the EAGLE-3 default aux indices [2, N//2, N-3] are distinct only from N = 7
     # on ([2, 3, 3] at N = 6), and distinct indices let the tests catch a swapped mid/high layer.
     num_hidden_layers: int = 7
-    num_attention_heads: int = 4
-    num_key_value_heads: int = 4
+    # 2 heads of 32: vLLM's CPU attention takes head sizes 32, 64, 80, …, not 16 (the real engine runs this target).
+    num_attention_heads: int = 2
+    num_key_value_heads: int = 2
     intermediate_size: int = 128
     max_position_embeddings: int = 4096
     vocab_size: int = KIMI_VOCAB_SIZE

