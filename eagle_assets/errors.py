@@ -32,7 +32,7 @@ The hierarchy (``*`` marks classes defined in the modules named, not here)::
     │   ├── MissingApiKeyError *        resources/openrouter/secret.py
     │   ├── EnvSettingError *           eagle_assets/settings.py
     │   ├── SettingsError *             resources/serving/commands.py
-    │   └── SGLangUnavailableError *    eagle_assets/hidden_states/extract_sglang.py
+    │   └── VLLMUnavailableError *      eagle_assets/hidden_states/extract_vllm.py
     ├── DataError                       the input data cannot be used as it is
     │   ├── PromptFileError *           eagle_assets/datasets/file_readers.py
     │   │   └── HubSourceError *        eagle_assets/datasets/hub_source.py
@@ -80,9 +80,9 @@ The hierarchy (``*`` marks classes defined in the modules named, not here)::
     │   ├── ChatEncodingError *         eagle_assets/tokenization/chat_encoding.py
     │   ├── TargetLoadError *           eagle_assets/target/loader.py (also Systemic)
     │   ├── ToolDeclarationError *      eagle_assets/tokenization/tool_declaration.py
-    │   ├── SGLangResponseError *       eagle_assets/hidden_states/sglang_wire.py
-    │   ├── CalibrationResponseError *  eagle_assets/hidden_states/calibration_sglang.py
-    │   ├── CalibrationMismatchError *  eagle_assets/hidden_states/calibration_sglang.py
+    │   ├── VLLMHandoffError *          eagle_assets/hidden_states/extract_vllm.py
+    │   ├── CalibrationResponseError *  eagle_assets/hidden_states/calibration_engine.py
+    │   ├── CalibrationMismatchError *  eagle_assets/hidden_states/calibration_engine.py
     │   ├── OnlineFidelityError *       eagle_assets/hidden_states/online_fidelity.py
     │   └── StoreError *                eagle_assets/hidden_states/store_format.py
     │       ├── StoreMismatchError *    eagle_assets/hidden_states/store_format.py

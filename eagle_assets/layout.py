@@ -104,10 +104,11 @@ def store_dir(partition_key: str, *, home: Path | None = None) -> Path:
     return hidden_states_root(home=home) / partition_key
 
 
-def capture_draft_dir(name: str, *, home: Path | None = None) -> Path:
-    """The zero-weight draft that makes SGLang capture the aux layers (``extract_sglang.ensure_capture_draft``),
-    one per target and layer choice, written once and shared by every shard."""
-    return hidden_states_root(home=home) / "capture-drafts" / name
+def handoff_dir(name: str, *, home: Path | None = None) -> Path:
+    """Where a vLLM engine hands each prompt's states over (``extract_vllm``), one folder per engine, emptied when
+    it starts: on this host's scratch, since every byte of features passes through it once (``EAGLE_FORGE_SCRATCH``
+    on a RAM disk such as /dev/shm keeps them off the disk)."""
+    return scratch_root(home=home) / "vllm-handoff" / name
 
 
 def draft_runs_dir(*, home: Path | None = None) -> Path:

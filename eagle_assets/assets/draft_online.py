@@ -30,11 +30,11 @@ def corpus_fingerprints(keys: list[str]) -> dict[str, str]:
     return out
 
 
-def write_token_rows(keys: list[str], path: Path) -> tuple[int, int]:
-    """The train shards' rows (ids and mask only) as JSON lines, in store order; (samples, tokens)."""
+def write_token_rows(keys: list[str], path: Path) -> tuple[int, int, int]:
+    """The train shards' rows (ids and mask only) as JSON lines, in store order; (samples, tokens, longest row)."""
     import polars as pl
 
-    samples = tokens = 0
+    samples = tokens = longest = 0
     tmp = path.with_suffix(".tmp")
     with tmp.open("w") as f:
         for key in keys:
@@ -43,18 +43,24 @@ def write_token_rows(keys: list[str], path: Path) -> tuple[int, int]:
                 f.write(json.dumps({"input_ids": list(ids), "loss_mask": list(mask)}) + "\n")
                 samples += 1
                 tokens += len(ids)
+                longest = max(longest, len(ids))
     tmp.replace(path)
-    return samples, tokens
+    return samples, tokens, longest
 
 
 def tree_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.exists() else 0
 
 
-def online_data(target: TargetModelResource, tokens: Path, max_length: int, prefetch: int) -> TokensData:
+def online_data(target: TargetModelResource, tokens: Path, max_length: int, prefetch: int, longest: int) -> TokensData:
     from eagle_assets.hidden_states.store_format import dtype_name
 
-    sglang = {"tp_size": target.sglang_tp_size, "max_tokens_per_batch": target.max_tokens_per_batch}
+    vllm = {
+        "tp_size": target.tensor_parallel_size,
+        "max_tokens_per_batch": target.max_tokens_per_batch,
+        "max_seq_len": -(-longest // 256) * 256,  # the longest row the engine will see (extract_vllm.seq_len_for)
+        "dtype": target.engine_dtype(),
+    }
     return TokensData.model_validate(
         {
             "kind": "tokens",
@@ -63,7 +69,7 @@ def online_data(target: TargetModelResource, tokens: Path, max_length: int, pref
             "backend": target.backend,
             "feature_dtype": dtype_name(target.dtype()),  # the dtype the offline store would hold
             "prefetch": prefetch,
-            "sglang": sglang if target.backend == "sglang" else {},
+            "vllm": vllm if target.backend == "vllm" else {},
         }
     )
 
@@ -98,12 +104,15 @@ def with_online_data(
 ) -> tuple[DraftRunConfig, TrainInputs]:
     """The run file's data section made online: ``tokens.jsonl`` written in the run directory, the target's backend,
     its dtype where the trainer runs it (bf16 on a GPU, fp32 on CPU, as the extraction loads it)."""
-    samples, tokens = write_token_rows(inputs.keys, out / "tokens.jsonl")
+    samples, tokens, longest = write_token_rows(inputs.keys, out / "tokens.jsonl")
     dtype = "bfloat16" if target.torch_device().type == "cuda" else "float32"
+    last_kind = "pre_norm" if target.backend == "vllm" else cfg.target.last_kind  # vLLM's is the norm's input
     cfg = cfg.model_copy(
         update={
-            "data": online_data(target, out / "tokens.jsonl", max_length, prefetch),
-            "target": cfg.target.model_copy(update={"dtype": dtype}),
+            "data": online_data(
+                target, out / "tokens.jsonl", max_length, prefetch, min(longest, max_length or longest)
+            ),
+            "target": cfg.target.model_copy(update={"dtype": dtype, "last_kind": last_kind}),
         }
     )
     return cfg, TrainInputs(inputs.keys, inputs.shards, inputs.layers, samples, tokens)

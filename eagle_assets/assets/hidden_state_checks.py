@@ -34,7 +34,8 @@ class FidelityCheckConfig(dg.Config):
     )
     allow_unreferenced_aux: bool = Field(
         False,
-        description="SGLang stores: accept aux layers whose identity cannot be verified (the engine gives no "
+        description="engine-calibrated stores (calibrate_in_process false): accept aux layers whose identity cannot be "
+        "verified (the engine gives no "
         "per-layer reference); recorded in the check's summary and metadata. False: the aux check fails for them",
     )
 

@@ -6,6 +6,7 @@ pipeline runs anywhere. Each ends with the three blocking fidelity checks (docs/
 """
 
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ from eagle_assets.keys import (
     HIDDEN_STATES_KEY,
     HIDDEN_STATES_TAGS,
 )
-from eagle_assets.layout import capture_draft_dir, shard_file, store_dir
+from eagle_assets.layout import handoff_dir, shard_file, store_dir
 from resources.target.resource import TargetModelResource
 
 GiB = 1 << 30
@@ -95,8 +96,9 @@ def hidden_states(
     if target.backend == "hf":
         skipped, tokens_per_s = extract_partition_hf(key, samples, out, model_dir, target, fidelity, progress, reserve)
     else:
-        n_layers = dims.num_layers
-        skipped, tokens_per_s = extract_partition_sglang(key, samples, out, model_dir, n_layers, target, fidelity)
+        skipped, tokens_per_s = extract_partition_vllm(
+            key, samples, out, model_dir, dims.num_layers, target, fidelity, progress, reserve
+        )
     elapsed = time.monotonic() - started
     checked = time.monotonic()
     outcomes = check_partition(key, samples, rows["prompt_len"].to_list(), out, model_dir, target, fidelity)
@@ -130,13 +132,9 @@ def extract_partition_hf(
     reserve: int,
 ) -> tuple[int, float]:
     """The store through the Hugging Face model in this process, then its calibration: (shards skipped, tokens/s)."""
-    import torch
-
     from eagle_assets.hidden_states.extract_hf import extract_hf
-    from eagle_assets.target.loader import load_target
 
-    device = target.torch_device()
-    model = load_target(model_dir, device, torch.bfloat16 if device.type == "cuda" else torch.float32)
+    model = load_model(model_dir, target)
     report = extract_hf(
         model,
         {key: samples},
@@ -153,7 +151,7 @@ def extract_partition_hf(
     return report.shards_skipped, report.tokens_per_s
 
 
-def extract_partition_sglang(
+def extract_partition_vllm(
     key: str,
     samples: list[dict[str, Any]],
     out: Path,
@@ -161,31 +159,87 @@ def extract_partition_sglang(
     num_layers: int,
     target: TargetModelResource,
     fidelity: FidelityConfig,
+    progress: Any,
+    reserve: int,
 ) -> tuple[int, float]:
-    """The store through SGLang's two passes, calibrated by the last pass's engine: (shards skipped, tokens/s)."""
-    from eagle_assets.hidden_states.capture_draft import capture_draft_name, ensure_capture_draft
-    from eagle_assets.hidden_states.extract_sglang import SGLangCaptureConfig, extract_sglang
+    """The store through one vLLM engine in one pass, then its calibration (the target in this process, or the same
+    engine): (shards skipped, tokens/s). The disk check and resume come first: a finished or refused partition
+    starts no engine."""
+    from eagle_assets.hidden_states.extract_vllm import VLLMEngineConfig, VLLMFeatureClient, extract_vllm, seq_len_for
     from eagle_assets.hidden_states.layers import resolve_aux_layers
 
-    layers = resolve_aux_layers(num_layers, target.layers())
-    # SGLang captures aux layers only in EAGLE-3 mode, from a draft naming them: a zero-weight one, written once.
-    capture_draft = ensure_capture_draft(capture_draft_dir(capture_draft_name(model_dir, layers)), model_dir, layers)
-    sglang_config = SGLangCaptureConfig(
+    config = VLLMEngineConfig(
         model_path=str(model_dir),
-        layers=layers,
-        tp_size=target.sglang_tp_size,
+        layers=resolve_aux_layers(num_layers, target.layers()),
+        tp_size=target.tensor_parallel_size,
+        max_seq_len=seq_len_for(len(s["input_ids"]) for s in samples),
         max_tokens_per_batch=target.max_tokens_per_batch,
-        draft_path=str(capture_draft),
+        dtype=target.engine_dtype(),
+        scratch_dir=str(handoff_dir(key)),
     )
-    reports = extract_sglang(
-        {key: samples},
-        out,
-        sglang_config,
-        model_id=target.model_id(),
-        dtype=target.dtype(),
-        calibration=fidelity,  # through the last pass's engine: its input log-probabilities
+    client = VLLMFeatureClient(config, out_dtype=target.dtype())
+    try:
+        report = extract_vllm(
+            {key: samples},
+            out,
+            config,
+            model_id=target.model_id(),
+            dtype=target.dtype(),
+            client=client,
+            progress=progress,
+            reserve_bytes=reserve,
+        )
+        if target.calibrate_in_process:
+            client.close()  # the engine's memory back before the target loads here
+            calibrate_partition(load_model(model_dir, target), key, samples, out, target, fidelity)
+        else:
+            calibrate_through_engine(client, key, samples, out, model_dir, target, fidelity)
+    finally:
+        client.close()
+    return report.shards_skipped, report.tokens_per_s
+
+
+def calibrate_through_engine(
+    client: Any,
+    key: str,
+    samples: list[dict[str, Any]],
+    out: Path,
+    model_dir: Path,
+    target: TargetModelResource,
+    fidelity: FidelityConfig,
+) -> None:
+    """The calibration from the extraction's engine (its own prompt log-probabilities), skipped when current: for
+    a target that cannot run in this process."""
+    from eagle_assets.draft.target import load_target_head
+    from eagle_assets.hidden_states.calibration_engine import calibrate_shard_engine, calibration_is_current
+    from eagle_assets.hidden_states.fidelity import Calibration, calibrate_shards, read_calibration, write_calibration
+    from eagle_assets.hidden_states.samples import as_sample
+    from eagle_assets.hidden_states.store_format import dtype_name
+
+    shards = [(key, [as_sample(s) for s in samples])]
+    if calibration_is_current(read_calibration(out), shards, fidelity):  # a finished partition: no engine
+        return
+    one = partial(
+        calibrate_shard_engine,
+        client.score,
+        client.config.layers,
+        load_target_head(model_dir, "pre_norm"),
+        hidden_size=client.hidden_size,
+        store_dtype=target.dtype(),
+        compute_dtype=client.config.compute_dtype,
+        config=fidelity,
     )
-    return min(r.shards_skipped for r in reports.values()), min(r.tokens_per_s for r in reports.values())
+    records = calibrate_shards(shards, one)
+    write_calibration(out, Calibration(target.model_id(), dtype_name(target.dtype()), "pre_norm", fidelity, records))
+
+
+def load_model(model_dir: Path, target: TargetModelResource) -> Any:
+    import torch
+
+    from eagle_assets.target.loader import load_target
+
+    device = target.torch_device()
+    return load_target(model_dir, device, torch.bfloat16 if device.type == "cuda" else torch.float32)
 
 
 def calibrate_partition(

@@ -113,8 +113,8 @@ class TokensData(_Section):
     kind: Literal["tokens"]
     path: str
     max_length: int | None = Field(default=None, description="truncate samples (None: never)")
-    backend: Literal["hf", "sglang"] = Field(
-        default="hf", description="hf: the target in this process; sglang: the SGLang extraction's engines"
+    backend: Literal["hf", "vllm"] = Field(
+        default="hf", description="hf: the target in this process; vllm: the vLLM extraction's engine"
     )
     feature_dtype: DType = Field(
         default="bfloat16", description="features rounded to this dtype, as the offline store keeps them"
@@ -122,7 +122,7 @@ class TokensData(_Section):
     prefetch: int = Field(default=2, ge=1, description="global batches of features computed ahead (bounded)")
     fidelity: bool = Field(default=True, description="the three fidelity checks on the first batches, before step 1")
     fidelity_config: dict[str, Any] = Field(default_factory=dict, description="FidelityConfig fields")
-    sglang: dict[str, Any] = Field(default_factory=dict, description="SGLangCaptureConfig fields (backend sglang)")
+    vllm: dict[str, Any] = Field(default_factory=dict, description="VLLMEngineConfig fields (backend vllm)")
     stream: str = Field(default=DEFAULT_ONLINE_STREAM, description="module:function building the stream")
 
 

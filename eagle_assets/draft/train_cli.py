@@ -174,7 +174,9 @@ def build(
     elif isinstance(data, StoreData):
         store = _resolve(data.reader)(data.path, **data.reader_kwargs)
         dataset = StoreDataset(store, max_length=data.max_length)
-        head = load_target_head(_target_path(cfg), target.last_kind)
+        # The store says which side of the final norm its last state is (vLLM's: the input): the head follows it.
+        meta = getattr(store, "meta", None)
+        head = load_target_head(_target_path(cfg), getattr(meta, "last_kind", target.last_kind))
     else:
         rows = [json.loads(line) for line in Path(data.path).read_text().splitlines() if line.strip()]
         dataset = TokenDataset(rows, max_length=data.max_length)

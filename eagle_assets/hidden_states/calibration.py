@@ -3,7 +3,8 @@
 Independent of the extraction on purpose: the extractor hooks layers and skips ``lm_head``; this runs the model's
 own forward with ``output_hidden_states=True`` (logits only at the scored positions), so a capture bug (a shifted
 position, a wrong or repeated layer, a last state the head does not read) makes the store disagree with this record
-instead of agreeing with itself. SGLang stores are calibrated through the engine (``calibration_sglang.py``).
+instead of agreeing with itself. A store of a target too large for this process is calibrated through its engine
+(``calibration_engine.py``).
 """
 
 from __future__ import annotations

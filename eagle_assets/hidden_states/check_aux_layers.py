@@ -175,7 +175,7 @@ def _unreferenced_aux(
     meta: StoreMeta,
     scanned: str,
 ) -> CheckOutcome:
-    """Against a calibration with no per-layer reference (the SGLang engine's), which layer a slot holds cannot be
+    """Against a calibration with no per-layer reference (an engine's), which layer a slot holds cannot be
     told: that fails unless ``allow_unreferenced_aux``, and either way the slots must not repeat one another (closer
     than one ulp of the store dtype) and the summary says the identity was not verified."""
     reason = (
@@ -184,7 +184,7 @@ def _unreferenced_aux(
     v.metadata["layer_identity"] = "not verified: " + reason
     if not config.allow_unreferenced_aux:
         v.failures.append(
-            reason + " (verify the capture once with `python -m eagle_assets.hidden_states.extract_sglang parity` "
+            reason + " (verify the capture once with `python -m eagle_assets.hidden_states.extract_vllm parity` "
             "on a target that fits one GPU, then opt out explicitly with allow_unreferenced_aux=true)"
         )
     ulp = float(torch.finfo(meta.dtype).eps)

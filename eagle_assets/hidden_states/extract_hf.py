@@ -1,6 +1,6 @@
 """Backend 1: target features from a Hugging Face causal LM, in this process.
 
-For targets that fit one device; Kimi K2.5 needs tensor parallelism (``extract_sglang.py``). The same numbers as
+For targets that fit one device; Kimi K2.5 needs tensor parallelism (``extract_vllm.py``). The same numbers as
 ``model(..., output_hidden_states=True)`` (``tests/hidden_states/test_extract_hf.py`` compares them), cheaper:
 only the decoder runs, because over a 163,840-token vocabulary the head dominates a small model's cost and its
 [batch, seq, vocab] logits would take 10.7 GB in fp32 at 16k tokens; forward pre-hooks capture the three aux

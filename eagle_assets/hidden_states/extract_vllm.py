@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,6 +73,14 @@ def cpu_engine_environment(tp_size: int, environ: Mapping[str, str] | None = Non
             ",".join(str(c) for c in cores[r * share : (r + 1) * share]) for r in range(tp_size)
         )
     return out
+
+
+def seq_len_for(lengths: Iterable[int], multiple: int = 256) -> int:
+    """The engine's ``max_model_len`` for these rows: the longest, rounded up (a KV cache sized for them only)."""
+    longest = max(lengths, default=0)
+    if longest < 1:
+        raise ValueError("no rows to size the engine for")
+    return -(-longest // multiple) * multiple
 
 
 @dataclass(frozen=True)

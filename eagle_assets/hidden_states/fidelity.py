@@ -163,7 +163,7 @@ def logprob_noise(
     moved by up to half an ulp (relative ``eps / 2``, uniform, seeded): the per-position deviation one rounding to
     the store's precision causes, i.e. the noise floor a correct store sits at. A perturbation rather than a
     rounding, so it is not zero when the state was computed in the store dtype already. The logits are rounded to
-    ``logits_dtype``, what the target's head computes them in (SGLang's lm_head runs in bf16), since the target's
+    ``logits_dtype``, what the target's head computes them in (an engine's lm_head runs in bf16), since the target's
     log-probabilities carry that rounding and the checks' fp32 head does not."""
     if last.shape[0] == 0:
         return float("nan")
@@ -268,7 +268,7 @@ class ShardCalibration:
     signatures: dict[str, list[list[float]]]  # same keys: [signature_positions][signature_dims]
     distinct: dict[str, float]  # "low~mid", ..., "high~last": mean relative difference of the true layers
     logprob_noise: float | None = None  # mean |Δ log-prob| half an ulp of the store precision causes (noise floor)
-    source: str = "hf"  # "hf": the model run in full in-process; "sglang": the engine's input log-probabilities
+    source: str = "hf"  # "hf": the model run in full in-process; "vllm": the engine's prompt log-probabilities
 
     @property
     def has_layer_references(self) -> bool:

@@ -31,7 +31,8 @@ class FidelityConfig:
     # A correct store's log-probs may differ from the target's, position by position, by this many times what
     # one rounding of the true last state to the store's precision moves them (the calibration's noise floor).
     deviation_factor: float = 4.0
-    # An engine calibration (SGLang) has no per-layer reference: True accepts aux layers checked for shape,
+    # An engine calibration (vLLM's, for a target too large for this process) has no per-layer reference: True
+    # accepts aux layers checked for shape,
     # finiteness and repetition only, and says so in the check's summary and metadata; False fails them.
     allow_unreferenced_aux: bool = False
 

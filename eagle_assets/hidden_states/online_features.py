@@ -1,8 +1,8 @@
-"""Which per-batch function an online run's stream calls: the extraction's own, in process or through SGLang.
+"""Which per-batch function an online run's stream calls: the extraction's own, in process or through vLLM.
 
 Online and offline features are the same numbers because they come from the same function (``HFFeatureExtractor``
-over the target loaded beside the draft, or one ``SGLangEngineClient`` per pass), and the gate calibrates as the
-offline backend does. ``train_cli`` resolves ``online_stream`` by name (``TokensData.stream``), so that the draft
+over the target loaded beside the draft, or the ``VLLMFeatureClient`` over one engine), and the gate calibrates as
+the offline backend does. ``train_cli`` resolves ``online_stream`` by name (``TokensData.stream``), so that the draft
 package never imports this one.
 """
 
@@ -27,8 +27,6 @@ from eagle_assets.hidden_states.samples import HiddenStateSample
 from eagle_assets.hidden_states.store_format import StoreMeta, dtype_from_name
 from eagle_assets.target.architecture import read_target_dims
 
-EngineFactory = Callable[[str, dict[str, Any]], Any]  # (role, sglang.Engine kwargs) -> an engine
-
 
 def extraction_features(batch_fn: BatchFn) -> RowFeatures:
     """The stream's per-batch function over an extraction's: rows become samples (a row's id is its dataset index)."""
@@ -41,15 +39,6 @@ def extraction_features(batch_fn: BatchFn) -> RowFeatures:
         return batch_fn(samples)
 
     return features
-
-
-def joined_passes(aux: BatchFn, last: BatchFn) -> BatchFn:
-    """Both features from the two SGLang passes' clients, request by request as the extraction sends them."""
-
-    def both(batch: Sequence[HiddenStateSample]) -> list[dict[str, torch.Tensor]]:
-        return [{**a, **b} for a, b in zip(aux(batch), last(batch), strict=True)]
-
-    return both
 
 
 def hf_features(
@@ -65,7 +54,7 @@ def hf_features(
     )
 
 
-def sglang_features(
+def vllm_features(
     model_path: str,
     layers: AuxLayers,
     head: Callable[[torch.Tensor], torch.Tensor],
@@ -73,46 +62,29 @@ def sglang_features(
     store_dtype: torch.dtype,
     options: Mapping[str, Any],
     scratch_root: Path,
-    engine_factory: EngineFactory | None = None,
+    engine: Any = None,
     config: FidelityConfig | None = None,
 ) -> tuple[BatchFn, Calibrate]:
-    """Both SGLang passes' clients and the engine calibration; ``engine_factory(role, engine kwargs)`` starts an
-    engine (default: ``sglang.Engine`` on first use; tests give the stand-in)."""
-    from eagle_assets.hidden_states.calibration_sglang import calibrate_shard_engine
-    from eagle_assets.hidden_states.capture_draft import capture_draft_name, ensure_capture_draft
-    from eagle_assets.hidden_states.extract_sglang import SGLangCaptureConfig, SGLangEngineClient
+    """The vLLM extraction's client (its engine started on first use, or ``engine``: a test's shared one) and the
+    engine calibration; ``options`` are ``VLLMEngineConfig`` fields (``tp_size``, ``max_seq_len``, ...)."""
+    from eagle_assets.hidden_states.calibration_engine import calibrate_shard_engine
+    from eagle_assets.hidden_states.extract_vllm import VLLMEngineConfig, VLLMFeatureClient
 
-    opts = dict(options)
-    if not opts.get("draft_path"):
-        name = capture_draft_name(model_path, layers)
-        opts["draft_path"] = str(ensure_capture_draft(scratch_root / name, model_path, layers))
-    capture = SGLangCaptureConfig(model_path=model_path, layers=layers, **opts)
-    hidden = read_target_dims(model_path).hidden_size
-    clients = {
-        role: SGLangEngineClient(
-            capture,
-            role,
-            hidden_size=hidden,
-            engine=engine_factory(role, capture.engine_kwargs(role)) if engine_factory is not None else None,
-            out_dtype=store_dtype,
-        )
-        for role in ("aux", "last")
-    }
-
-    def generate(**request: Any) -> Any:  # the last pass's engine, started on first use
-        return clients["last"].engine.generate(**request)
-
+    opts = {"scratch_dir": str(scratch_root / "vllm-handoff"), **options}
+    client = VLLMFeatureClient(
+        VLLMEngineConfig(model_path=model_path, layers=layers, **opts), engine=engine, out_dtype=store_dtype
+    )
     calibrate = partial(
         calibrate_shard_engine,
-        generate,
+        client.score,
         layers,
         head,
-        hidden_size=hidden,
+        hidden_size=client.hidden_size,
         store_dtype=store_dtype,
-        compute_dtype=capture.compute_dtype,
+        compute_dtype=client.config.compute_dtype,
         config=config,
     )
-    return joined_passes(clients["aux"], clients["last"]), calibrate
+    return client, calibrate
 
 
 def online_stream(
@@ -125,7 +97,7 @@ def online_stream(
     model: Any = None,
     device: torch.device | str = "cpu",
     scratch_root: str | Path | None = None,
-    engine_factory: EngineFactory | None = None,
+    engine: Any = None,
     batch_fn: BatchFn | None = None,
 ) -> OnlineFeatureStream:
     """The stream of an online run (``train_cli``'s tokens data): per-batch function, prefetch depth, gate.
@@ -144,16 +116,16 @@ def online_stream(
             model, layers, store_dtype=store_dtype, last_kind=target.last_kind, config=fidelity
         )
     else:
-        if target.last_kind != "post_norm":
-            raise ValueError("SGLang returns the post-norm last state only (target.last_kind 'post_norm')")
-        produce, calibrate = sglang_features(
+        if target.last_kind != "pre_norm":
+            raise ValueError("vLLM returns the final norm's input: target.last_kind must be 'pre_norm'")
+        produce, calibrate = vllm_features(
             target.path,
             layers,
             head,
             store_dtype=store_dtype,
-            options=spec.sglang,
+            options=spec.vllm,
             scratch_root=root,
-            engine_factory=engine_factory,
+            engine=engine,
             config=fidelity,
         )
     gate = None

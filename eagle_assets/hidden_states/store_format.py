@@ -5,13 +5,13 @@ Layout of a store directory::
     index.json                       store metadata + one entry per completed shard
     shard-00000.safetensors          all features of corpus shard 0 (HF backend: one pass)
     shard-00001-aux.safetensors      or one file per feature group when features come from
-    shard-00001-last.safetensors     separate passes (SGLang backend: one engine per feature)
+    shard-00001-last.safetensors     separate passes (``run_extraction(group=...)``)
 
 A shard file packs its samples back to back: ``aux`` [T, n_aux*H] (low | mid | high), ``last`` [T, H],
 ``input_ids`` [T] int32, ``loss_mask`` [T] uint8 and ``sample_offsets`` [n+1] int64; its header also carries the
 sample ids and an input fingerprint, so a file can be checked on its own. The last state is the final norm's output
-(``post_norm``, as HF's ``output_hidden_states[-1]``, SGLang's and SpecForge's), so the target's logits are
-``lm_head(last)``; the HF backend can also keep ``pre_norm``.
+(``post_norm``, as HF's ``output_hidden_states[-1]`` and SpecForge's), so the target's logits are ``lm_head(last)``,
+or its input (``pre_norm``: what vLLM's capture gives, logits ``lm_head(norm(last))``); ``last_kind`` records which.
 """
 
 from __future__ import annotations

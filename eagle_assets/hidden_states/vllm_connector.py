@@ -46,4 +46,4 @@ class StoreHandoffConnector(ExampleHiddenStatesConnector):
         partial = f"{pending.filename}.partial"
         save_file(tensors, partial)
         os.replace(partial, pending.filename)
-        self._req_copy_events[pending.req_id] = _Copied()
+        self._req_copy_events[pending.req_id] = _Copied()  # type: ignore[assignment]

@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 
+from eagle_assets.draft.target import cache_kwarg
 from eagle_assets.target.loader import load_target
 from eagle_assets.target.tiny import KIMI_PAD_ID
 from eagle_assets.tokenization.chat_encoding import DataSpecials, configured_data_specials
@@ -122,7 +123,11 @@ def greedy_allowed_batch(
     produced = []
     for s in range(steps):
         hidden = model.model(
-            input_ids=step_input, attention_mask=mask, position_ids=position, cache=cache, use_cache=True
+            input_ids=step_input,
+            attention_mask=mask,
+            position_ids=position,
+            use_cache=True,
+            **{cache_kwarg(model.model): cache},
         ).last_hidden_state[:, -1]
         nxt = allowed[torch.nn.functional.linear(hidden, head).argmax(-1)]
         nxt = torch.where(n_reasoning == s, torch.full_like(nxt, think_end_id), nxt)

@@ -27,7 +27,9 @@ class TargetModelResource(dg.ConfigurableResource):
         description="which tiny target (when path is empty): llama-tiny (fastest) or kimi-k25-tiny (the real shape)",
     )
     tiny_seed: int = Field(default=0, description="seed of the tiny target (when path is empty)")
-    backend: Literal["hf", "sglang"] = Field(default="hf", description="hf: transformers in-process; sglang: TP engine")
+    backend: Literal["hf", "vllm"] = Field(
+        default="hf", description="hf: transformers in this process; vllm: one vLLM engine, one pass (tensor parallel)"
+    )
     device: str = Field(default="", description="cuda, cuda:1, cpu; empty: CUDA when present")
     store_dtype: Literal["bfloat16", "float16", "float32"] = Field(
         default="bfloat16", description="hidden-state store dtype"
@@ -36,7 +38,12 @@ class TargetModelResource(dg.ConfigurableResource):
         default_factory=list, description="HF output_hidden_states indices; empty: EAGLE-3's [2, N//2, N-3]"
     )
     max_tokens_per_batch: int = Field(default=16384, ge=1, description="tokens per extraction batch (padding included)")
-    sglang_tp_size: int = Field(default=8, ge=1, description="tensor-parallel size of the SGLang engine")
+    tensor_parallel_size: int = Field(default=1, ge=1, description="the vLLM engine's (8 for Kimi K2.5 on 8 GPUs)")
+    calibrate_in_process: bool = Field(
+        default=True,
+        description="vllm: the calibration runs the target in full here (per-layer references for the aux check); "
+        "False where it cannot load here (Kimi K2.5): the engine scores its own input, aux identity unverified",
+    )
     reserve_disk_gb: float = Field(default=1.0, ge=0.0, description="disk left free after the store is written")
 
     def model_dir(self) -> Path:
@@ -67,6 +74,10 @@ class TargetModelResource(dg.ConfigurableResource):
         if self.device:
             return torch.device(self.device)
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+    def engine_dtype(self) -> str:
+        """What the vLLM engine computes in: the checkpoint's own dtype on a GPU, fp32 on CPU (as HF loads it)."""
+        return "auto" if self.torch_device().type == "cuda" else "float32"
 
     def layers(self) -> list[int] | None:
         return list(self.aux_layers) or None

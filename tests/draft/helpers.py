@@ -11,7 +11,7 @@ from torch import nn
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
 from eagle_assets.draft.model import Eagle3Config, Eagle3Draft
-from eagle_assets.draft.target import hf_forward
+from eagle_assets.draft.target import cache_kwarg, hf_forward
 from eagle_assets.target.tiny import KIMI_EOS_ID
 
 TINY_VOCAB = 512
@@ -131,7 +131,9 @@ def generate_greedy(
     step_input = ids[None, :]
     position = torch.arange(ids.numel(), device=device)[None, :]
     for _ in range(max_new_tokens):
-        logits = model(input_ids=step_input, cache=cache, use_cache=True, position_ids=position).logits
+        logits = model(
+            input_ids=step_input, use_cache=True, position_ids=position, **{cache_kwarg(model): cache}
+        ).logits
         nxt = int(logits[0, -1].argmax())
         out.append(nxt)
         if eos_id is not None and nxt == eos_id:

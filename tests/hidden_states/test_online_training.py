@@ -20,7 +20,6 @@ from eagle_assets.hidden_states.extract_hf import HFFeatureExtractor
 from eagle_assets.hidden_states.layers import AuxLayers
 from eagle_assets.hidden_states.online_features import online_stream
 from eagle_assets.hidden_states.online_fidelity import OnlineFidelityError
-from eagle_assets.target.tiny import load_target
 from tests.hidden_states import online_runs
 from tests.hidden_states.online_runs import (
     greedy_corpus,
@@ -30,7 +29,6 @@ from tests.hidden_states.online_runs import (
     write_rows,
     write_store,
 )
-from tests.hidden_states.sglang_standin import FakeSGLangEngine
 from tests.hidden_states.test_fidelity import Shifted
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -140,32 +138,6 @@ def test_a_broken_stream_stops_before_the_first_optimizer_step(tmp_path, tiny_di
         assert phrase in message, message
     assert trainer.global_step == 0 and not trainer.optimizer.state  # no step taken
     assert not (tmp_path / "run" / "checkpoints").exists()
-
-
-def sglang_stream(spec, **kw):
-    """The SGLang backend against the engine stand-in (the real tiny target's numbers in SGLang's shapes)."""
-    model = load_target(kw["target"].path, "cpu", torch.float32)
-    return online_stream(spec, **kw, engine_factory=lambda role, engine_kwargs: FakeSGLangEngine(model, engine_kwargs))
-
-
-def test_the_sglang_backend_streams_the_same_features(tmp_path, tiny_dir, rows, both_runs):
-    data = online_data(
-        rows,
-        backend="sglang",
-        stream=f"{__name__}:sglang_stream",
-        sglang={"dtype": "float32", "tp_size": 1},
-        fidelity_config={"allow_unreferenced_aux": True},  # the engine has no per-layer reference (as offline)
-    )
-    losses: list[float] = []
-    trainer = build(
-        run_config(tiny_dir, data, tmp_path / "run", steps=6),
-        torch.device("cpu"),
-        on_step=lambda m: losses.append(m.loss),
-    )
-    trainer.train()
-    assert trainer.stream.stats.extra["fidelity"]["last_state_next_token"].startswith("hidden_states online")
-    # the engine runs the model with output_hidden_states rather than hooks: the bf16 features may differ by an ulp
-    torch.testing.assert_close(torch.tensor(losses), torch.tensor(both_runs["online"][:6]), rtol=2e-2, atol=1e-3)
 
 
 def read_steps(log: Path) -> dict[int, dict]:

@@ -4,6 +4,7 @@ import json
 
 import jinja2
 import pytest
+import transformers.tokenization_utils_base
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers.utils.chat_template_utils import render_jinja_template
@@ -21,12 +22,18 @@ def render_chat(template, messages, tools=None, add_generation_prompt=False, **k
     return render_normalized(template, normalize_messages(messages), tools, add_generation_prompt, kwargs)
 
 
-def hf_render(template, messages, tools=None, add_generation_prompt=False, **kwargs):
-    # transformers normalises messages in apply_chat_template before rendering; mirror that call order.
-    from transformers.tokenization_utils_base import _normalize_chat_messages
+# transformers 5.24's apply_chat_template normalises the messages, then calls render_jinja_template; 5.19's has no
+# such step (no ``_normalize_chat_messages``) and hands render_jinja_template the messages as given.
+hf_normalize = getattr(transformers.tokenization_utils_base, "_normalize_chat_messages", None)
 
+
+def hf_render(template, messages, tools=None, add_generation_prompt=False, **kwargs):
+    # What apply_chat_template renders (its own call order). Where transformers has no normalisation (5.19 renders
+    # a None value as the text "None"), it is given the messages in our normal form: the normalisation is then
+    # checked against HF's only where HF has one, and the rendering itself always is.
+    normalized = hf_normalize(messages) if hf_normalize is not None else normalize_messages(messages)
     rendered, _ = render_jinja_template(
-        conversations=[_normalize_chat_messages(messages)],
+        conversations=[normalized],
         tools=tools,
         chat_template=template,
         add_generation_prompt=add_generation_prompt,

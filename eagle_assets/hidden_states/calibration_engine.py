@@ -1,18 +1,17 @@
-"""Calibration through the SGLang engine: the target run in full where it cannot run in this process (Kimi, tp=8).
+"""Calibration through the engine that extracted the store: the target run in full where it cannot run in this
+process (Kimi K2.5, tp=8).
 
-The engine that extracted a store scores its own input: each actual next token's log-probability and its own
-top-1, the HF calibration's figures from the target's own forward and head (fields used and what this cannot
-verify: docs/hidden-states.md, "SGLang stores: calibrated through the engine"). Wire details the docs leave out:
-``input_token_logprobs`` are tuples from ``Engine.generate``, lists over HTTP, and entry 0 is None (the scheduler
-pads ``[None] + values[:-1]``), so the last state at ``t`` is scored by entry ``t + 1``; ``input_top_logprobs[i][0]``
-is the target's top-1 prediction of token ``i``. The log-probabilities and the returned last state come from one
-forward, so a capture returning another state than the head reads is refused (``CalibrationMismatchError``).
+The engine scores its own input: each actual next token's log-probability and its own top-1 (vLLM's
+``prompt_logprobs``), the figures the HF calibration takes from the target's own forward and head (what this cannot
+verify: docs/hidden-states.md, "Engine stores: calibrated through the engine"). The log-probabilities and the
+returned last state come from one forward, so a capture returning another state than the head reads is refused
+(``CalibrationMismatchError``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -33,11 +32,9 @@ from eagle_assets.hidden_states.fidelity import (
 )
 from eagle_assets.hidden_states.layers import AuxLayers
 from eagle_assets.hidden_states.samples import HiddenStateSample, input_fingerprint
-from eagle_assets.hidden_states.sglang_wire import features_from_response
 from eagle_assets.hidden_states.store_format import shard_name
 
-SGLANG_SOURCE = "sglang"
-Generate = Callable[..., Any]  # ``Engine.generate(**request)``
+ENGINE_SOURCE = "vllm"
 
 
 class CalibrationResponseError(TargetError, RuntimeError):
@@ -48,57 +45,41 @@ class CalibrationMismatchError(TargetError, RuntimeError):
     """The engine's returned last state does not reproduce the engine's own log-probabilities through the head."""
 
 
-def build_calibration_request(batch: Sequence[HiddenStateSample]) -> dict[str, Any]:
-    """One ``generate`` call scoring every input token of ``batch`` (see the module docstring for each field)."""
-    return {
-        "input_ids": [list(map(int, s.input_ids)) for s in batch],
-        "sampling_params": {"max_new_tokens": 1, "temperature": 1.0, "top_p": 1.0},
-        "return_logprob": True,
-        "logprob_start_len": 0,
-        "top_logprobs_num": 1,
-        "return_hidden_states": True,
-    }
+@dataclass(frozen=True)
+class EngineScore:
+    """One prompt as the engine saw it: its last state per token ``[L, H]``, and for each input token ``i >= 1``
+    the engine's top-1 prediction of it and its log-probability (entry 0, which nothing predicts, is ``None``)."""
+
+    last: torch.Tensor
+    top1: Sequence[int | None]
+    logprob: Sequence[float | None]
+
+
+Score = Callable[[Sequence[HiddenStateSample]], list[EngineScore]]
 
 
 def scored_by_engine(
-    response: Mapping[str, Any], sample: HiddenStateSample, positions: Sequence[int]
+    score: EngineScore, sample: HiddenStateSample, positions: Sequence[int]
 ) -> tuple[list[int], list[float]]:
     """(the engine's top-1, its log-probability of the actual next token) at each position ``t`` of ``sample``."""
-    meta = response.get("meta_info")
-    if not isinstance(meta, Mapping) or "input_token_logprobs" not in meta or "input_top_logprobs" not in meta:
-        raise CalibrationResponseError(
-            f"sample {sample.sample_id}: no meta_info.input_token_logprobs / input_top_logprobs: send "
-            "return_logprob=true, logprob_start_len=0, top_logprobs_num=1"
-        )
-    tokens, tops = meta["input_token_logprobs"], meta["input_top_logprobs"]
     n = len(sample.input_ids)
-    if len(tokens) != n or len(tops) != n:
+    if len(score.top1) != n or len(score.logprob) != n or score.last.shape[0] != n:
         raise CalibrationResponseError(
-            f"sample {sample.sample_id}: {len(tokens)} input log-probs and {len(tops)} top lists for {n} input "
-            "tokens (logprob_start_len not 0? a cached prefix?)"
-        )
-    if tokens[0][0] is not None:
-        raise CalibrationResponseError(
-            f"sample {sample.sample_id}: the first input token has a log-prob; this SGLang pads it with None, so "
-            "entries would be misaligned by one position"
+            f"sample {sample.sample_id}: {len(score.logprob)} input log-probs and {score.last.shape[0]} states for "
+            f"{n} input tokens (a cached prefix?)"
         )
     top1, logprob = [], []
     for t in positions:
-        entry, top = tokens[t + 1], tops[t + 1]
-        if int(entry[1]) != int(sample.input_ids[t + 1]):
-            raise CalibrationResponseError(
-                f"sample {sample.sample_id}: input log-prob {t + 1} is for token {entry[1]}, the input has "
-                f"{sample.input_ids[t + 1]}"
-            )
-        if not top:
-            raise CalibrationResponseError(f"sample {sample.sample_id}: no top log-prob at input position {t + 1}")
-        top1.append(int(top[0][1]))
-        logprob.append(float(entry[0]))
+        top, lp = score.top1[t + 1], score.logprob[t + 1]
+        if top is None or lp is None:
+            raise CalibrationResponseError(f"sample {sample.sample_id}: no log-prob at input position {t + 1}")
+        top1.append(int(top))
+        logprob.append(float(lp))
     return top1, logprob
 
 
 def calibrate_shard_engine(
-    generate: Generate,
+    score: Score,
     layers: AuxLayers,
     head: Callable[[torch.Tensor], torch.Tensor],
     samples: Sequence[HiddenStateSample],
@@ -110,17 +91,16 @@ def calibrate_shard_engine(
     compute_dtype: torch.dtype = torch.bfloat16,
     config: FidelityConfig | None = None,
 ) -> ShardCalibration:
-    """One store shard's calibration from the ``last`` engine: one request for the calibration samples.
+    """One store shard's calibration from the extraction's engine: one request for the calibration samples.
 
     ``head`` is the target's head as the checks load it (``load_target_head``); ``compute_dtype`` is what the
-    engine computes in (bf16 for Kimi), which bounds how precise a stored state can be.
+    engine computes in (bf16 for Kimi), which bounds how precise a stored state can be. ``head`` reads the state the
+    engine returns (vLLM's is the final norm's input: ``load_target_head(path, "pre_norm")``).
     """
     config = config or FidelityConfig()
     per_sample = calibration_positions([list(s.loss_mask) for s in samples], config, key)
     asked = list(per_sample)
-    answers = generate(**build_calibration_request([samples[i] for i in asked]))
-    if isinstance(answers, Mapping):
-        answers = [answers]
+    answers = score([samples[i] for i in asked])
     if len(answers) != len(asked):
         raise CalibrationResponseError(f"{len(answers)} answers for {len(asked)} calibration prompts")
     top1: list[int] = []
@@ -135,7 +115,9 @@ def calibrate_shard_engine(
         logprob += lp
         next_ids += [int(samples[i].input_ids[t + 1]) for t in ts]
         groups += [i] * len(ts)
-        last_parts.append(features_from_response(answer, samples[i], hidden_size)[torch.tensor(ts)])
+        if answer.last.shape[-1] != hidden_size:
+            raise CalibrationResponseError(f"states {answer.last.shape[-1]} wide, the target's are {hidden_size}")
+        last_parts.append(answer.last.float()[torch.tensor(ts)])
     last = torch.cat(last_parts)
     ids, top1_t, lp_t = torch.tensor(next_ids), torch.tensor(top1), torch.tensor(logprob)
     rounded_top1, own_lp = head_predictions(head, last.to(store_dtype), ids)
@@ -147,7 +129,7 @@ def calibrate_shard_engine(
             f"shard {shard} ({key}): the engine's returned last state, through the target's head, is off the "
             f"engine's own log-probabilities by {own:.4f} per position, more than {config.deviation_factor:g} × "
             f"the noise floor {noise:.4f}: the engine returns a state other than the one its head reads (another "
-            "layer? a pre-norm state?); no calibration is written"
+            "layer? the wrong side of the final norm?); no calibration is written"
         )
     proj = projection(hidden_size, config.signature_dims, config.seed)
     return ShardCalibration(
@@ -166,7 +148,7 @@ def calibrate_shard_engine(
         signatures={LAST: signature(last[: config.signature_positions], proj).tolist()},
         distinct={},
         logprob_noise=noise,
-        source=SGLANG_SOURCE,
+        source=ENGINE_SOURCE,
     )
 
 
