@@ -1,19 +1,13 @@
 import pytest
 import torch
 
-from eagle_assets.draft.data import TokenDataset
 from eagle_assets.draft.speculative import evaluate_acceptance, speculative_generate
-from eagle_assets.draft.train import TrainConfig, Trainer
-from eagle_assets.draft.vocab import vocab_from_samples
 from tests.draft.helpers import (
-    TINY_AUX,
     TINY_VOCAB,
-    HFTargetFeatures,
-    batch_greedy,
     draft_for,
     generate_greedy,
-    hf_target_head,
     tiny_llama,
+    trained_draft,
 )
 
 PROMPT, NEW = 6, 26
@@ -31,16 +25,7 @@ def prompts():
 
 @pytest.fixture(scope="module")
 def trained(target, prompts):
-    """A draft trained online (features from the target) on the target's own greedy continuations."""
-    seqs = batch_greedy(target, prompts[:48], NEW)
-    rows = [{"input_ids": s, "loss_mask": torch.arange(PROMPT + NEW) >= PROMPT} for s in seqs]
-    data = TokenDataset(rows)
-    draft = draft_for(target, draft_vocab=256)
-    draft.set_vocab(vocab_from_samples(data, TINY_VOCAB, 256))
-    # 60 steps at 1e-2 reach tau 2.33 on the held-out prompts (150 at 3e-3: 2.46) for 40% of the CPU.
-    cfg = TrainConfig(lr=1e-2, batch_size=8, max_steps=60, epochs=100, ttt_steps=4, warmup_ratio=0.05)
-    Trainer(draft, data, hf_target_head(target), cfg, features=HFTargetFeatures(target, TINY_AUX)).train()
-    return draft.eval()
+    return trained_draft(target, prompts[:48], NEW)
 
 
 def test_untrained_draft_output_equals_greedy(target, prompts):

@@ -1,0 +1,80 @@
+"""The exported draft served by a real vLLM engine in this process: τ and per-position acceptance from vLLM's own
+spec-decode counters, on the token ids the in-process loop is given.
+
+No server and no tokenizer (``skip_tokenizer_init``): prompts go in as ids, greedy, so the figures are comparable
+with the in-process loop's on the same prompts. The counters are read as ``/metrics`` would show them (this
+process's Prometheus registry, where vLLM's frontend records them) before and after the run, so the delta and its
+checks are the HTTP path's (``vllm_metrics.SpecDecodeCounters``). vLLM is imported only when an engine starts.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from resources.serving.acceptance import AcceptanceTally
+from resources.serving.vllm_metrics import SpecDecodeCounters
+
+
+@dataclass(frozen=True)
+class EngineRun:
+    """What the engine produced: its tally, each prompt's greedy continuation, the wall time of generation."""
+
+    tally: AcceptanceTally
+    outputs: list[list[int]]
+    seconds: float
+
+
+def engine_kwargs(
+    target: str, draft: str, num_steps: int, *, tp_size: int = 1, dtype: str = "auto", max_model_len: int = 2048
+) -> dict[str, Any]:
+    """``vllm.LLM`` arguments: the target with the EAGLE-3 export as its speculator, stats on (the counters)."""
+    return {
+        "model": target,
+        "tensor_parallel_size": tp_size,
+        "dtype": dtype,
+        "skip_tokenizer_init": True,
+        "enforce_eager": True,
+        "enable_prefix_caching": False,
+        "max_model_len": max_model_len,
+        "disable_log_stats": False,
+        "speculative_config": {"method": "eagle3", "model": draft, "num_speculative_tokens": num_steps},
+    }
+
+
+def _counters() -> SpecDecodeCounters:
+    from prometheus_client import REGISTRY, generate_latest
+
+    return SpecDecodeCounters.from_metrics_text(generate_latest(REGISTRY).decode())
+
+
+def start_engine(kwargs: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Any:
+    """A ``vllm.LLM``; ``env`` (a CPU engine's settings) is set before it starts, as its processes inherit it."""
+    from vllm import LLM
+
+    os.environ.update(env or {})
+    return LLM(**kwargs)
+
+
+def run_prompts(engine: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int, num_steps: int) -> EngineRun:
+    """Greedy continuations of every prompt (to ``max_new_tokens``: the end-of-turn id does not stop them, as the
+    in-process loop's budget does not), and the counters' delta as a tally."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(max_tokens=max_new_tokens, temperature=0.0, ignore_eos=True)
+    before = _counters()
+    started = time.perf_counter()
+    answers = engine.generate([{"prompt_token_ids": list(map(int, p))} for p in prompts], params, use_tqdm=False)
+    seconds = time.perf_counter() - started
+    outputs = [list(a.outputs[0].token_ids) for a in answers]
+    # vLLM's frontend records a step's stats after its outputs: wait until the last tokens are counted.
+    deadline = time.monotonic() + 10.0
+    total = sum(len(o) for o in outputs)
+    delta = _counters().minus(before)
+    while delta.generation_tokens < total and time.monotonic() < deadline:
+        time.sleep(0.05)
+        delta = _counters().minus(before)
+    return EngineRun(delta.tally(num_steps, total), outputs, seconds)
