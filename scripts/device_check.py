@@ -671,7 +671,32 @@ def run_all(args: argparse.Namespace, report: Report, work: Path) -> dict[str, A
             )
         )
         check_speculative_output(fp32, trained, corpus, report)
+    vllm_stages(report, summary, model_dir, work, corpus.eval_prompts, sizes.max_new_tokens, tau)
     return summary
+
+
+def vllm_stages(
+    report: Report, summary: dict[str, Any], model_dir: Path, work: Path, prompts: Any, new: int, tau: float
+) -> None:
+    """The real engine's route, where vLLM is installed (``EAGLE_FORGE_VLLM_PACKAGE=vllm==0.32.0 bash
+    scripts/setup.sh``): its features against the HF backend's, then the trained export served by it."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        report.log("vllm: not installed, its stages skipped")
+        return
+    from eagle_assets.hidden_states.extract_vllm import parity_check
+    from resources.serving.vllm_engine import engine_kwargs, run_prompts, start_engine
+
+    with report.stage("vllm_hidden_states"):
+        summary["vllm_parity"] = parity_check(model_dir, work_dir=work / "vllm-parity")
+        report.log(f"    vLLM vs HF features (max relative difference): {summary['vllm_parity']}")
+    with report.stage("vllm_draft_benchmark"):
+        kwargs = engine_kwargs(str(model_dir), str(work / "draft-run" / "export"), EAGLE_STEPS, max_model_len=1024)
+        engine = start_engine(kwargs)
+        served = run_prompts(engine, [list(p) for p in prompts], new, EAGLE_STEPS).tally
+        summary["vllm_draft_benchmark"] = {"tau": served.tau, "per_position": served.position_rates}
+        report.log(f"    τ through vLLM {served.tau:.3f} beside {tau:.3f} in process")
 
 
 def check_target(args: argparse.Namespace, out: Path) -> bool:

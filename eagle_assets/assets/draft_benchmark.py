@@ -138,8 +138,16 @@ def run_inprocess(
         new_tokens = new_tokens or stats.new_tokens
         rates = [round(r, 3) for r in tallies[name].position_rates or []]
         context.log.info(f"{name}: acceptance length τ {tallies[name].tau:.3f}, per position {rates}")
+    del model, trained, untrained  # the engine's memory back before vLLM loads the target
+    engine_md: dict[str, Any] = {}
+    if target.backend == "vllm":  # the same prompts through the real engine the GPU half runs on
+        tallies["trained (vLLM)"] = served_tally(target, export, prompts, max_new, k)
+        vllm_tau = tallies["trained (vLLM)"].tau or 0.0
+        context.log.info(f"trained (vLLM): acceptance length τ {vllm_tau:.3f} beside {tallies['trained'].tau:.3f}")
+        engine_md["acceptance_length_vllm"] = dg.MetadataValue.float(round(vllm_tau, 4))
     return dg.MaterializeResult(
         metadata={
+            **engine_md,
             "backend": dg.MetadataValue.text("inprocess"),
             "acceptance_length": dg.MetadataValue.float(round(tallies["trained"].tau or 0.0, 4)),
             "acceptance_length_untrained": dg.MetadataValue.float(round(tallies["untrained"].tau or 0.0, 4)),
@@ -164,6 +172,26 @@ def run_inprocess(
             ),
         }
     )
+
+
+def served_tally(
+    target: TargetModelResource, export: Path, prompts: list[list[int]], max_new: int, k: int
+) -> AcceptanceTally:
+    """The exported draft served by an in-process vLLM engine on ``prompts``: its counters' tally."""
+    from eagle_assets.hidden_states.extract_vllm import cpu_engine_environment, seq_len_for
+    from resources.serving.vllm_engine import engine_kwargs, run_prompts, start_engine
+
+    tp = target.tensor_parallel_size
+    longest = seq_len_for(len(p) + max_new + k + 1 for p in prompts)
+    kwargs = engine_kwargs(
+        str(target.model_dir()), str(export), k, tp_size=tp, dtype=target.engine_dtype(), max_model_len=longest
+    )
+    cuda = target.torch_device().type == "cuda"
+    engine = start_engine(kwargs, None if cuda else cpu_engine_environment(tp))
+    try:
+        return run_prompts(engine, prompts, max_new, k).tally
+    finally:
+        engine.llm_engine.engine_core.shutdown()
 
 
 def load_prompt_sets(config: BenchmarkConfig, names: list[str], log: Any) -> tuple[list[Any], dict[str, str]]:
