@@ -81,6 +81,7 @@ The hierarchy (``*`` marks classes defined in the modules named, not here)::
     │   ├── TargetLoadError *           eagle_assets/target/loader.py (also Systemic)
     │   ├── ToolDeclarationError *      eagle_assets/tokenization/tool_declaration.py
     │   ├── VLLMHandoffError *          eagle_assets/hidden_states/extract_vllm.py
+    │   │   └── VLLMEngineDiedError *   eagle_assets/hidden_states/extract_vllm.py
     │   ├── CalibrationResponseError *  eagle_assets/hidden_states/calibration_engine.py
     │   ├── CalibrationMismatchError *  eagle_assets/hidden_states/calibration_engine.py
     │   ├── OnlineFidelityError *       eagle_assets/hidden_states/online_fidelity.py

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -45,6 +46,10 @@ class VLLMUnavailableError(ConfigError, ImportError):
 
 class VLLMHandoffError(TargetError, RuntimeError):
     """What the engine handed over does not match the prompt sent: other tokens, rows or widths, or nothing."""
+
+
+class VLLMEngineDiedError(VLLMHandoffError):
+    """The engine's process died mid-batch (killed, out of memory): vLLM's own client would wait for it forever."""
 
 
 def import_vllm() -> Any:
@@ -190,7 +195,8 @@ class VLLMFeatureClient:
 
         params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=1 if logprobs else None)
         prompts = [{"prompt_token_ids": [int(t) for t in s.input_ids]} for s in batch]
-        outputs = list(self.engine.generate(prompts, params, use_tqdm=False))
+        engine = self.engine
+        outputs = list(self._watched(lambda: engine.generate(prompts, params, use_tqdm=False)))
         if len(outputs) != len(batch):
             raise VLLMHandoffError(f"{len(outputs)} answers for {len(batch)} prompts")
         return outputs
@@ -200,7 +206,7 @@ class VLLMFeatureClient:
         path = Path((output.kv_transfer_params or {}).get("hidden_states_path", ""))
         if not path.name:
             raise VLLMHandoffError(f"sample {sample.sample_id}: no hidden_states_path (connector not loaded?)")
-        data = _wait_and_load(path, HANDOFF_TIMEOUT_S)
+        data = _wait_and_load(path, HANDOFF_TIMEOUT_S, self.engine_died)
         self.bytes_handed_over += path.stat().st_size
         path.unlink()
         rows, ids = data["hidden_states"], data["token_ids"]
@@ -234,6 +240,37 @@ class VLLMFeatureClient:
             scores.append(EngineScore(rows[:, self.config.layers.n_aux].float(), top1, logprob))
         return scores
 
+    def engine_died(self) -> bool:
+        """Whether vLLM's client saw its engine process die (its monitor thread sets the flag)."""
+        core = getattr(getattr(self._engine, "llm_engine", None), "engine_core", None)
+        return bool(getattr(getattr(core, "resources", None), "engine_dead", False))
+
+    def _watched(self, call: Callable[[], Any]) -> Any:
+        """``call()`` in a thread, given up with ``VLLMEngineDiedError`` when the engine dies under it: a killed
+        engine leaves vLLM's ``generate`` blocked for good, and a step must fail (the shard in progress is then
+        discarded and a rerun computes it again), not hang."""
+        box: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                box["value"] = call()
+            except BaseException as exc:  # handed to the caller below
+                box["error"] = exc
+
+        worker = threading.Thread(target=run, name="vllm-generate", daemon=True)
+        worker.start()
+        while worker.is_alive():
+            worker.join(0.2)
+            if worker.is_alive() and self.engine_died():
+                self._engine = None
+                raise VLLMEngineDiedError(
+                    "the vLLM engine died mid-batch (see its log above); nothing of the batch "
+                    "is kept: rerun to compute the shard again"
+                )
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+
     def close(self) -> None:
         if self._engine is not None:
             shutdown = getattr(getattr(self._engine, "llm_engine", None), "engine_core", None)
@@ -259,13 +296,15 @@ def _prompt_scores(entries: Any, sample: HiddenStateSample) -> tuple[list[int | 
     return top1, logprob
 
 
-def _wait_and_load(path: Path, timeout_s: float) -> dict[str, torch.Tensor]:
+def _wait_and_load(path: Path, timeout_s: float, died: Callable[[], bool]) -> dict[str, torch.Tensor]:
     """The handed-over file, once renamed into place: the engine writes it a step after the answer returns."""
     from safetensors.torch import load_file
 
     deadline = time.monotonic() + timeout_s
     pause = 0.001
     while not path.is_file():
+        if died():
+            raise VLLMEngineDiedError(f"the vLLM engine died before handing over {path}")
         if time.monotonic() > deadline:
             raise VLLMHandoffError(f"the engine never handed over {path} within {timeout_s:.0f} s (engine dead?)")
         time.sleep(pause)

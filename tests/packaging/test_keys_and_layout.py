@@ -198,7 +198,7 @@ def _layout_paths() -> list[str]:
 
 # This host's scratch (``layout.scratch_root``): the one exception to the rule, and only when EAGLE_FORGE_SCRATCH
 # names a folder; then these lie under it, whatever the home.
-SCRATCH_PATHS = {"scratch_root", "simulator_dir", "duckdb_tmp_dir"}
+SCRATCH_PATHS = {"scratch_root", "simulator_dir", "duckdb_tmp_dir", "handoff_dir"}
 
 
 def _paths_of(name: str, home: Path | None) -> tuple[Path, ...]:
