@@ -70,6 +70,7 @@ def online_data(target: TargetModelResource, tokens: Path, max_length: int, pref
             "feature_dtype": dtype_name(target.dtype()),  # the dtype the offline store would hold
             "prefetch": prefetch,
             "vllm": vllm if target.backend == "vllm" else {},
+            "calibrate_in_process": target.backend == "vllm" and target.calibrate_in_process,
         }
     )
 

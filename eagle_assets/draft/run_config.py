@@ -123,6 +123,9 @@ class TokensData(_Section):
     fidelity: bool = Field(default=True, description="the three fidelity checks on the first batches, before step 1")
     fidelity_config: dict[str, Any] = Field(default_factory=dict, description="FidelityConfig fields")
     vllm: dict[str, Any] = Field(default_factory=dict, description="VLLMEngineConfig fields (backend vllm)")
+    calibrate_in_process: bool = Field(
+        default=False, description="backend vllm: the gate's calibration runs the target here (per-layer references)"
+    )
     stream: str = Field(default=DEFAULT_ONLINE_STREAM, description="module:function building the stream")
 
 

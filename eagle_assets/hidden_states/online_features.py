@@ -128,6 +128,14 @@ def online_stream(
             engine=engine,
             config=fidelity,
         )
+        if spec.calibrate_in_process:  # as the offline vLLM partition does: the target run in full, here
+            from eagle_assets.hidden_states.calibration import calibrate_shard
+            from eagle_assets.target.loader import load_target
+
+            full = model if model is not None else load_target(target.path, device, dtype_from_name(target.dtype))
+            calibrate = partial(
+                calibrate_shard, full, layers, store_dtype=store_dtype, last_kind=target.last_kind, config=fidelity
+            )
     gate = None
     if spec.fidelity:
         meta = StoreMeta(
