@@ -179,7 +179,7 @@ def served_tally(
 ) -> AcceptanceTally:
     """The exported draft served by an in-process vLLM engine on ``prompts``: its counters' tally."""
     from eagle_assets.hidden_states.extract_vllm import cpu_engine_environment, seq_len_for
-    from resources.serving.vllm_engine import engine_kwargs, run_prompts, start_engine
+    from resources.serving.vllm_engine import engine_kwargs, run_prompts, start_engine, stop_engine
 
     tp = target.tensor_parallel_size
     longest = seq_len_for(len(p) + max_new + k + 1 for p in prompts)
@@ -191,7 +191,7 @@ def served_tally(
     try:
         return run_prompts(engine, prompts, max_new, k).tally
     finally:
-        engine.llm_engine.engine_core.shutdown()
+        stop_engine(engine)
 
 
 def load_prompt_sets(config: BenchmarkConfig, names: list[str], log: Any) -> tuple[list[Any], dict[str, str]]:

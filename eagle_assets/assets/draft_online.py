@@ -53,12 +53,13 @@ def tree_bytes(path: Path) -> int:
 
 
 def online_data(target: TargetModelResource, tokens: Path, max_length: int, prefetch: int, longest: int) -> TokensData:
+    from eagle_assets.hidden_states.extract_vllm import seq_len_for
     from eagle_assets.hidden_states.store_format import dtype_name
 
     vllm = {
         "tp_size": target.tensor_parallel_size,
         "max_tokens_per_batch": target.max_tokens_per_batch,
-        "max_seq_len": -(-longest // 256) * 256,  # the longest row the engine will see (extract_vllm.seq_len_for)
+        "max_seq_len": seq_len_for([longest]),  # the longest row the engine will see
         "dtype": target.engine_dtype(),
     }
     return TokensData.model_validate(

@@ -6,7 +6,6 @@ pipeline runs anywhere. Each ends with the three blocking fidelity checks (docs/
 """
 
 import time
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -211,7 +210,7 @@ def calibrate_through_engine(
     """The calibration from the extraction's engine (its own prompt log-probabilities), skipped when current: for
     a target that cannot run in this process."""
     from eagle_assets.draft.target import load_target_head
-    from eagle_assets.hidden_states.calibration_engine import calibrate_shard_engine, calibration_is_current
+    from eagle_assets.hidden_states.calibration_engine import calibration_is_current
     from eagle_assets.hidden_states.fidelity import Calibration, calibrate_shards, read_calibration, write_calibration
     from eagle_assets.hidden_states.samples import as_sample
     from eagle_assets.hidden_states.store_format import dtype_name
@@ -219,17 +218,9 @@ def calibrate_through_engine(
     shards = [(key, [as_sample(s) for s in samples])]
     if calibration_is_current(read_calibration(out), shards, fidelity):  # a finished partition: no engine
         return
-    one = partial(
-        calibrate_shard_engine,
-        client.score,
-        client.config.layers,
-        load_target_head(model_dir, "pre_norm"),
-        hidden_size=client.hidden_size,
-        store_dtype=target.dtype(),
-        compute_dtype=client.config.compute_dtype,
-        config=fidelity,
+    records = calibrate_shards(
+        shards, client.calibrator(load_target_head(model_dir, "pre_norm"), target.dtype(), fidelity)
     )
-    records = calibrate_shards(shards, one)
     write_calibration(out, Calibration(target.model_id(), dtype_name(target.dtype()), "pre_norm", fidelity, records))
 
 

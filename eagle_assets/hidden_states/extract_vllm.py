@@ -18,9 +18,9 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -148,30 +148,16 @@ class VLLMEngineConfig:
         return kw
 
 
-@contextmanager
-def _environment(values: Mapping[str, str]) -> Iterator[None]:
-    """``values`` set while the engine starts (its processes inherit them), the caller's environment restored."""
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def start_engine(config: VLLMEngineConfig) -> Any:
     """A ``vllm.LLM`` for ``config``, its scratch folder emptied first (files of a killed run are stale)."""
-    vllm = import_vllm()
+    import_vllm()  # or the error that says how to get it
     scratch = Path(config.scratch_dir)
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
+    from resources.serving.vllm_engine import start_engine as start
+
     env = cpu_engine_environment(config.tp_size) if not torch.cuda.is_available() else {}
-    with _environment(env):
-        return vllm.LLM(**config.engine_kwargs())
+    return start(config.engine_kwargs(), env)
 
 
 class VLLMFeatureClient:
@@ -271,11 +257,27 @@ class VLLMFeatureClient:
             raise box["error"]
         return box["value"]
 
+    def calibrator(self, head: Callable[[torch.Tensor], torch.Tensor], store_dtype: torch.dtype, config: Any) -> Any:
+        """The engine calibration of one shard (``calibration_engine.calibrate_shard_engine``) through this client's
+        ``score``: what a target too large for the step's process is calibrated with, offline and online."""
+        from eagle_assets.hidden_states.calibration_engine import calibrate_shard_engine
+
+        return partial(
+            calibrate_shard_engine,
+            self.score,
+            self.config.layers,
+            head,
+            hidden_size=self.hidden_size,
+            store_dtype=store_dtype,
+            compute_dtype=self.config.compute_dtype,
+            config=config,
+        )
+
     def close(self) -> None:
         if self._engine is not None:
-            shutdown = getattr(getattr(self._engine, "llm_engine", None), "engine_core", None)
-            if shutdown is not None and callable(getattr(shutdown, "shutdown", None)):
-                shutdown.shutdown()
+            from resources.serving.vllm_engine import stop_engine
+
+            stop_engine(self._engine)
         self._engine = None
 
 

@@ -67,23 +67,13 @@ def vllm_features(
 ) -> tuple[BatchFn, Calibrate]:
     """The vLLM extraction's client (its engine started on first use, or ``engine``: a test's shared one) and the
     engine calibration; ``options`` are ``VLLMEngineConfig`` fields (``tp_size``, ``max_seq_len``, ...)."""
-    from eagle_assets.hidden_states.calibration_engine import calibrate_shard_engine
     from eagle_assets.hidden_states.extract_vllm import VLLMEngineConfig, VLLMFeatureClient
 
     opts = {"scratch_dir": str(scratch_root / "vllm-handoff"), **options}
     client = VLLMFeatureClient(
         VLLMEngineConfig(model_path=model_path, layers=layers, **opts), engine=engine, out_dtype=store_dtype
     )
-    calibrate = partial(
-        calibrate_shard_engine,
-        client.score,
-        layers,
-        head,
-        hidden_size=client.hidden_size,
-        store_dtype=store_dtype,
-        compute_dtype=client.config.compute_dtype,
-        config=config,
-    )
+    calibrate = client.calibrator(head, store_dtype, config)
     return client, calibrate
 
 
@@ -129,12 +119,11 @@ def online_stream(
             config=fidelity,
         )
         if spec.calibrate_in_process:  # as the offline vLLM partition does: the target run in full, here
-            from eagle_assets.hidden_states.calibration import calibrate_shard
             from eagle_assets.target.loader import load_target
 
             full = model if model is not None else load_target(target.path, device, dtype_from_name(target.dtype))
-            calibrate = partial(
-                calibrate_shard, full, layers, store_dtype=store_dtype, last_kind=target.last_kind, config=fidelity
+            _, calibrate = hf_features(
+                full, layers, store_dtype=store_dtype, last_kind=target.last_kind, config=fidelity
             )
     gate = None
     if spec.fidelity:

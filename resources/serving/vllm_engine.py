@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,12 +52,35 @@ def _counters() -> SpecDecodeCounters:
     return SpecDecodeCounters.from_metrics_text(generate_latest(REGISTRY).decode())
 
 
+@contextmanager
+def _environment(values: Mapping[str, str]) -> Iterator[None]:
+    """``values`` set while the engine starts (its processes inherit them), the caller's environment restored."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def start_engine(kwargs: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Any:
-    """A ``vllm.LLM``; ``env`` (a CPU engine's settings) is set before it starts, as its processes inherit it."""
+    """A ``vllm.LLM``: the one place every engine of the project starts (extraction, online features, the served
+    draft). ``env`` (a CPU engine's settings) is set while it starts, as its processes inherit it."""
     from vllm import LLM
 
-    os.environ.update(env or {})
-    return LLM(**kwargs)
+    with _environment(env or {}):
+        return LLM(**kwargs)
+
+
+def stop_engine(engine: Any) -> None:
+    """Shut the engine's processes down now rather than at interpreter exit (its memory back for what comes next)."""
+    core = getattr(getattr(engine, "llm_engine", None), "engine_core", None)
+    if core is not None and callable(getattr(core, "shutdown", None)):
+        core.shutdown()
 
 
 def run_prompts(engine: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int, num_steps: int) -> EngineRun:

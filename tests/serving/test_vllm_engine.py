@@ -13,7 +13,7 @@ import torch
 from eagle_assets.draft.export import export_draft
 from eagle_assets.draft.speculative import evaluate_acceptance
 from eagle_assets.hidden_states.extract_vllm import cpu_engine_environment
-from resources.serving.vllm_engine import engine_kwargs, run_prompts, start_engine
+from resources.serving.vllm_engine import engine_kwargs, run_prompts, start_engine, stop_engine
 from tests.draft.helpers import TINY_VOCAB, draft_for, generate_greedy, tiny_llama, trained_draft
 from tests.vllm_engines import require_vllm
 
@@ -37,7 +37,7 @@ def served(tmp_path_factory):
     try:
         yield target, draft, prompts[48:].tolist(), engine
     finally:
-        engine.llm_engine.engine_core.shutdown()
+        stop_engine(engine)
 
 
 def test_the_served_draft_beats_the_untrained_by_more_than_a_token(served):
