@@ -70,6 +70,8 @@ def _environment(values: Mapping[str, str]) -> Iterator[None]:
 def start_engine(kwargs: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Any:
     """A ``vllm.LLM``: the one place every engine of the project starts (extraction, online features, the served
     draft). ``env`` (a CPU engine's settings) is set while it starts, as its processes inherit it."""
+    # vLLM reports usage to its authors' server by default; this project talks to no address but loopback.
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     from vllm import LLM
 
     with _environment(env or {}):

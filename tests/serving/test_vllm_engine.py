@@ -7,6 +7,8 @@ prompts (an untrained draft is accepted about never: τ ≈ 1).
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -52,3 +54,4 @@ def test_the_served_draft_beats_the_untrained_by_more_than_a_token(served):
     assert tau is not None and tau > untrained.tau + 1.0, (tau, untrained.tau, run.tally)
     assert run.tally.position_rates is not None and len(run.tally.position_rates) == STEPS
     assert abs(tau - in_process.tau) < 0.5, (tau, in_process.tau)  # the same draft, the same prompts
+    assert os.environ.get("VLLM_NO_USAGE_STATS") == "1"  # no usage report leaves this machine
