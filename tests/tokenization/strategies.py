@@ -247,8 +247,20 @@ def strip_specials(obj: Any, pattern: re.Pattern[str]) -> Any:
     if isinstance(obj, dict):
         return {k: strip_specials(v, pattern) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [strip_specials(v, pattern) for v in obj]
+        out = [strip_specials(v, pattern) for v in obj]
+        if pattern.search(_joined_text(out)):  # text parts that join into a special: defuse their openers
+            out = [{**v, "text": v["text"].replace("<", "x").replace("[", "x")} if _is_text(v) else v for v in out]
+        return out
     return obj
+
+
+def _is_text(part: Any) -> bool:
+    return isinstance(part, dict) and isinstance(part.get("text"), str)
+
+
+def _joined_text(parts: list[Any]) -> str:
+    """What the template renders of a message's text parts: joined (``["<|im_", "end|>"]`` is ``<|im_end|>``)."""
+    return "".join(v["text"] for v in parts if _is_text(v))
 
 
 def special_pattern(tok: Any) -> re.Pattern[str]:
@@ -261,7 +273,7 @@ def has_special_text(obj: Any, pattern: re.Pattern[str]) -> bool:
     if isinstance(obj, dict):
         return any(has_special_text(v, pattern) or has_special_text(k, pattern) for k, v in obj.items())
     if isinstance(obj, list):
-        return any(has_special_text(v, pattern) for v in obj)
+        return pattern.search(_joined_text(obj)) is not None or any(has_special_text(v, pattern) for v in obj)
     return False
 
 
