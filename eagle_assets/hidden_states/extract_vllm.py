@@ -179,10 +179,13 @@ class VLLMFeatureClient:
     def _generate(self, batch: Sequence[HiddenStateSample], *, logprobs: bool) -> list[Any]:
         from vllm import SamplingParams
 
+        from resources.serving.vllm_engine import advance
+
         params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=1 if logprobs else None)
         prompts = [{"prompt_token_ids": [int(t) for t in s.input_ids]} for s in batch]
         engine = self.engine
         outputs = list(self._watched(lambda: engine.generate(prompts, params, use_tqdm=False)))
+        self._watched(lambda: advance(engine))  # the connector writes each finished prompt's rows a step later
         if len(outputs) != len(batch):
             raise VLLMHandoffError(f"{len(outputs)} answers for {len(batch)} prompts")
         return outputs
@@ -227,9 +230,10 @@ class VLLMFeatureClient:
         return scores
 
     def engine_died(self) -> bool:
-        """Whether vLLM's client saw its engine process die (its monitor thread sets the flag)."""
-        core = getattr(getattr(self._engine, "llm_engine", None), "engine_core", None)
-        return bool(getattr(getattr(core, "resources", None), "engine_dead", False))
+        """Whether a process of the engine died (``vllm_engine.engine_failed``)."""
+        from resources.serving.vllm_engine import engine_failed
+
+        return self._engine is not None and engine_failed(self._engine)
 
     def _watched(self, call: Callable[[], Any]) -> Any:
         """``call()`` in a thread, given up with ``VLLMEngineDiedError`` when the engine dies under it: a killed
@@ -245,15 +249,19 @@ class VLLMFeatureClient:
 
         worker = threading.Thread(target=run, name="vllm-generate", daemon=True)
         worker.start()
+        died = VLLMEngineDiedError(
+            "a vLLM engine process died mid-batch (see its log above); nothing of the batch is kept: rerun to "
+            "compute the shard again"
+        )
         while worker.is_alive():
             worker.join(0.2)
             if worker.is_alive() and self.engine_died():
                 self._engine = None
-                raise VLLMEngineDiedError(
-                    "the vLLM engine died mid-batch (see its log above); nothing of the batch "
-                    "is kept: rerun to compute the shard again"
-                )
+                raise died
         if "error" in box:
+            if self.engine_died():  # a dead worker under an in-process core: vLLM's own error names the rank
+                self._engine = None
+                raise died from box["error"]
             raise box["error"]
         return box["value"]
 

@@ -1,7 +1,8 @@
 """The vLLM backend against the real vLLM engine (the CPU build): the stores it writes are the HF backend's, at
 tensor-parallel sizes 1 and 2, with the engine calibration and the three fidelity checks passing on them.
 
-Each engine start costs 16–40 s here, so the two engines are module fixtures, shared by every test below.
+Each engine start costs 8–15 s here (its core in this process; 28–34 s with a core process of its own), so the two
+engines are module fixtures, shared by every test below; the last test kills the tp=2 one.
 ``EAGLE_FORGE_REQUIRE_VLLM=1`` (set by ``.ci/run``) turns the skip where vLLM is missing into a failure.
 """
 
@@ -209,3 +210,38 @@ def _shared_stream(spec, **kw):
     """What ``train_cli`` resolves by name: the online stream over this module's shared engine."""
     assert _STREAM is not None
     return _STREAM(spec, **kw)
+
+
+def test_a_killed_tp_worker_fails_the_extraction_and_keeps_only_whole_shards(clients, tmp_path):
+    """SIGKILL of a tensor-parallel worker once the first shard is committed: the next batch fails with
+    ``VLLMEngineDiedError`` (not a hang), and the store holds the committed shard only, which a rerun skips.
+    Last in the module: it kills the tp=2 engine the tests above share."""
+    import os
+    import signal
+
+    from eagle_assets.hidden_states.extract_vllm import VLLMEngineDiedError
+
+    client = clients[2]
+    workers = client.engine.llm_engine.engine_core.engine_core.model_executor.workers
+    killed: list[int] = []
+
+    def kill_after_first_shard(p):
+        if p.event == "shard" and not killed:
+            killed.append(workers[-1].proc.pid)
+            os.kill(killed[0], signal.SIGKILL)
+
+    corpus = make_corpus(seed=13)
+    with pytest.raises(VLLMEngineDiedError, match="died mid-batch"):
+        extract_vllm(
+            corpus,
+            tmp_path / "s",
+            client.config,
+            dtype=torch.float32,
+            client=client,
+            progress=kill_after_first_shard,
+            check_space=False,
+        )
+    assert killed and client.engine_died() is False  # the client let the dead engine go
+    store = HiddenStateStore(tmp_path / "s")
+    assert len(store) == len(corpus[0])  # the committed shard, whole; nothing of the one in progress
+    assert not list((tmp_path / "s").rglob("*.tmp-*"))  # no half-written shard left behind

@@ -1,7 +1,7 @@
 """The trained draft served by the real vLLM engine (the CPU build): it loads the export as it is, its greedy output
 is the target's own, and its τ, read from vLLM's counters, beats the untrained draft's by more than a token.
 
-One engine for the module (a start costs 16–40 s here); the untrained figure is the in-process loop's on the same
+One engine for the module (a start costs 8–15 s here); the untrained figure is the in-process loop's on the same
 prompts (an untrained draft is accepted about never: τ ≈ 1).
 """
 
@@ -15,7 +15,7 @@ import torch
 from eagle_assets.draft.export import export_draft
 from eagle_assets.draft.speculative import evaluate_acceptance
 from eagle_assets.hidden_states.extract_vllm import cpu_engine_environment
-from resources.serving.vllm_engine import engine_kwargs, run_prompts, start_engine, stop_engine
+from resources.serving.vllm_engine import core_in_process, engine_kwargs, run_prompts, start_engine, stop_engine
 from tests.draft.helpers import TINY_VOCAB, draft_for, generate_greedy, tiny_llama, trained_draft
 from tests.vllm_engines import require_vllm
 
@@ -55,3 +55,4 @@ def test_the_served_draft_beats_the_untrained_by_more_than_a_token(served):
     assert run.tally.position_rates is not None and len(run.tally.position_rates) == STEPS
     assert abs(tau - in_process.tau) < 0.5, (tau, in_process.tau)  # the same draft, the same prompts
     assert os.environ.get("VLLM_NO_USAGE_STATS") == "1"  # no usage report leaves this machine
+    assert core_in_process(engine) and "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ  # set while starting only
