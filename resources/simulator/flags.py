@@ -258,6 +258,8 @@ def settings_from_namespace(args: argparse.Namespace, cls: type) -> dict[str, An
 
 def _tokens(name: str, text: str) -> list[str]:
     # ``--key -x`` would read ``-x`` as a flag of its own; ``--key=-x`` cannot.
+    if text == "--":  # Python 3.11's argparse drops a "--" value even as ``--key=--`` (it parses as [])
+        raise ValueError(f"{name}: the value '--' cannot pass through the command line; choose another")
     return [f"{name}={text}"] if text.startswith("-") else [name, text]
 
 
