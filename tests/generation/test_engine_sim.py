@@ -325,7 +325,12 @@ def test_streaming_faults_are_retried_and_settled(harness, name, faults, cls):
         # Abandoned after the idle timeout (0.5 s), not the request timeout (10 s) nor the stall's end (5 s):
         # each stalled stream is one the client cut ("stalled", which only the idle timer gives once the head
         # came), the simulator saw each of them abandoned, and none ran to the request timeout.
+        # The simulator sees a cut stream only when its stall ends and it writes again (5 s): wait for that.
+        deadline = time.monotonic() + faults["stall_seconds"] + 5.0
         outcomes = harness.sim.stats(0)["by_outcome"]
+        while outcomes.get("stream_abandoned", 0) < report.errors["stalled"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+            outcomes = harness.sim.stats(0)["by_outcome"]
         assert "timeout" not in report.errors and report.errors["stalled"] == outcomes["stream_abandoned"]
 
 
