@@ -91,11 +91,16 @@ def start_engine(kwargs: Mapping[str, Any], env: Mapping[str, str] | None = None
         return LLM(**kwargs)
 
 
+def _client(engine: Any) -> Any:
+    """vLLM's engine-core client of an ``LLM`` (in-process or a core process's), or None."""
+    return getattr(getattr(engine, "llm_engine", None), "engine_core", None)
+
+
 def engine_failed(engine: Any) -> bool:
     """Whether a process of ``engine`` died under it: its core process (vLLM's client sets ``engine_dead``) or,
     with the core in this process, a worker (the executor's monitor sets ``is_failed``). vLLM's ``generate`` may
     wait for either forever; callers poll this instead."""
-    client = getattr(getattr(engine, "llm_engine", None), "engine_core", None)
+    client = _client(engine)
     if getattr(getattr(client, "resources", None), "engine_dead", False):
         return True
     executor = getattr(getattr(client, "engine_core", None), "model_executor", None)
@@ -104,7 +109,7 @@ def engine_failed(engine: Any) -> bool:
 
 def core_in_process(engine: Any) -> bool:
     """Whether ``engine``'s core runs in this process (vLLM's in-process client holds the core itself)."""
-    return hasattr(getattr(getattr(engine, "llm_engine", None), "engine_core", None), "engine_core")
+    return hasattr(_client(engine), "engine_core")
 
 
 def advance(engine: Any) -> None:
@@ -117,9 +122,9 @@ def advance(engine: Any) -> None:
 
 def stop_engine(engine: Any) -> None:
     """Shut the engine's processes down now rather than at interpreter exit (its memory back for what comes next)."""
-    core = getattr(getattr(engine, "llm_engine", None), "engine_core", None)
-    if core is not None and callable(getattr(core, "shutdown", None)):
-        core.shutdown()
+    client = _client(engine)
+    if client is not None and callable(getattr(client, "shutdown", None)):
+        client.shutdown()
 
 
 def run_prompts(engine: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int, num_steps: int) -> EngineRun:

@@ -89,6 +89,14 @@ def assert_fails(outcome, *phrases: str) -> None:
         assert phrase in outcome.summary, outcome.summary
 
 
+def assert_every_slot_named_wrong(aux) -> None:
+    """Failed, naming every slot as not what it claims; which of the two wordings each gets depends on the corpus."""
+    assert_fails(aux)
+    for slot, layer in (("low", 2), ("mid", 3), ("high", 4)):
+        wrong = (f"slot {slot} claims layer {layer} but matches no layer", f"slot {slot} is ", "not that layer's")
+        assert wrong[0] in aux.summary or (wrong[1] in aux.summary and wrong[2] in aux.summary), aux.summary
+
+
 class Shifted:
     """A capture off by one position: the features of token t-1 stored at t (a classic off-by-one)."""
 
@@ -144,12 +152,7 @@ def test_a_one_position_shift_fails(tmp_path, tiny_model, corpus, calibration, h
     shifted = Shifted(HFFeatureExtractor(tiny_model, LAYERS, out_dtype=STORE_DTYPE))
     result = checks(write_store(tmp_path / "s", corpus, shifted, calibration), corpus, head)
     assert_fails(result[NEXT_TOKEN], "top-1 agreement", "the target run in full on 3 calibration samples")
-    # every slot is named as not what it claims; which of the two wordings each gets depends on the corpus
-    aux = result[AUX_LAYERS]
-    assert_fails(aux)
-    for slot, layer in (("low", 2), ("mid", 3), ("high", 4)):
-        wrong = (f"slot {slot} claims layer {layer} but matches no layer", f"slot {slot} is ", "not that layer's")
-        assert wrong[0] in aux.summary or (wrong[1] in aux.summary and wrong[2] in aux.summary), aux.summary
+    assert_every_slot_named_wrong(result[AUX_LAYERS])
     assert result[ALIGNMENT].passed  # ids and masks are right: only the features moved
 
 
@@ -174,12 +177,7 @@ def test_another_models_states_fail(tmp_path_factory, tmp_path, corpus, calibrat
     foreign = HFFeatureExtractor(other, LAYERS, out_dtype=STORE_DTYPE)  # recorded as the seed-0 target's
     result = checks(write_store(tmp_path / "o", corpus, foreign, calibration), corpus, head)
     assert_fails(result[NEXT_TOKEN], "top-1 agreement", "top-1 consistency with the target")
-    # every slot is named as not what it claims; which of the two wordings each gets depends on the corpus
-    aux = result[AUX_LAYERS]
-    assert_fails(aux)
-    for slot, layer in (("low", 2), ("mid", 3), ("high", 4)):
-        wrong = (f"slot {slot} claims layer {layer} but matches no layer", f"slot {slot} is ", "not that layer's")
-        assert wrong[0] in aux.summary or (wrong[1] in aux.summary and wrong[2] in aux.summary), aux.summary
+    assert_every_slot_named_wrong(result[AUX_LAYERS])
 
 
 def test_a_truncated_shard_fails(tmp_path, good_store, corpus, head):
