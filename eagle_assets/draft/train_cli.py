@@ -68,11 +68,11 @@ def _model_config(cfg: DraftRunConfig) -> Eagle3Config:
         return _checked_against_target(Eagle3Config.from_dict(cfg.model), cfg)
     if cfg.draft_vocab_size is None:  # DraftRunConfig refuses this too
         raise ValueError("give either 'model' or 'target.path' (+ 'draft_vocab_size')")
-    from transformers import AutoConfig
+    from eagle_assets.target.architecture import read_target_config
 
     ids = cfg.aux_layer_ids
     return Eagle3Config.from_target(
-        AutoConfig.from_pretrained(_target_path(cfg), local_files_only=True),
+        read_target_config(_target_path(cfg)),
         cfg.draft_vocab_size,
         tuple(ids) if ids else None,
     )

@@ -26,9 +26,24 @@ class TargetDims:
     vocab_size: int
 
 
+def read_target_config(model_path: str | Path) -> dict:
+    """The target's ``config.json`` as written, read without transformers: sizing a draft from it this way costs a
+    training process nothing, where ``AutoConfig`` imports transformers' model modules (~5 CPU-s here)."""
+    path = Path(model_path) / "config.json"
+    try:
+        cfg = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no config.json in the target folder {model_path}") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not JSON: {e}") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{path} holds {type(cfg).__name__}, not a JSON object")
+    return cfg
+
+
 def read_target_dims(model_path: str | Path) -> TargetDims:
     """Hidden size / layer count from ``config.json`` (Kimi K2.5 nests them in ``text_config``)."""
-    cfg = json.loads((Path(model_path) / "config.json").read_text())
+    cfg = read_target_config(model_path)
     text = cfg.get("text_config", cfg)
     return TargetDims(int(text["hidden_size"]), int(text["num_hidden_layers"]), int(text["vocab_size"]))
 

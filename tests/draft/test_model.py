@@ -1,8 +1,10 @@
+import pytest
 import torch
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from eagle_assets.draft.model import DraftKVCache, Eagle3Config, Eagle3Draft, apply_rope, rope_cos_sin
 from eagle_assets.draft.ttt import TTTAttention
+from eagle_assets.target.tiny_targets import TINY_TARGETS
 from tests.draft.helpers import small_config, tiny_llama
 
 EXPECTED = {
@@ -39,6 +41,34 @@ def test_config_from_target_mirrors_geometry():
     assert (cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) == (64, 4, 2, 16)
     assert (cfg.target_vocab_size, cfg.draft_vocab_size, cfg.target_num_layers) == (512, 256, 4)
     assert Eagle3Config.from_dict(cfg.to_dict()) == cfg
+
+
+@pytest.mark.parametrize("name", TINY_TARGETS)
+def test_sizing_from_config_json_is_sizing_from_the_hf_config(name, tmp_path):
+    """Training processes size the draft from ``config.json`` as written (no transformers import); every tiny
+    target, the Llama and the Kimi K2.5 wrapper (MLA, nested ``text_config``), must size the same as from the
+    config object transformers builds of that file, defaults included."""
+    from transformers import AutoConfig
+
+    from eagle_assets.target.architecture import read_target_config
+    from eagle_assets.target.tiny_targets import build_named_tiny_target
+
+    path = build_named_tiny_target(name, tmp_path / name)
+    hf = Eagle3Config.from_target(AutoConfig.from_pretrained(path, local_files_only=True), 128)
+    assert Eagle3Config.from_target(read_target_config(path), 128) == hf
+
+
+def test_a_target_folder_without_a_readable_config_is_named(tmp_path):
+    from eagle_assets.target.architecture import read_target_config
+
+    with pytest.raises(FileNotFoundError, match=r"no config\.json in the target folder"):
+        read_target_config(tmp_path)
+    (tmp_path / "config.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="not a JSON object"):
+        read_target_config(tmp_path)
+    (tmp_path / "config.json").write_text("{")
+    with pytest.raises(ValueError, match="is not JSON"):
+        read_target_config(tmp_path)
 
 
 def test_rope_and_norm_match_hf_llama():
