@@ -10,7 +10,10 @@ checks are the HTTP path's (``vllm_metrics.SpecDecodeCounters``). vLLM is import
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import time
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -68,6 +71,9 @@ def _environment(values: Mapping[str, str]) -> Iterator[None]:
 
 
 IN_PROCESS = "VLLM_ENABLE_V1_MULTIPROCESSING"
+# Where vLLM binds its IPC sockets (the engine's ZeroMQ queues, a TP group's broadcast queue). It defaults to the
+# system's temporary folder and never removes them: every engine left a few socket files in /tmp for good.
+IPC_DIR = "VLLM_RPC_BASE_PATH"
 
 
 def start_engine(kwargs: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Any:
@@ -84,11 +90,23 @@ def start_engine(kwargs: Mapping[str, Any], env: Mapping[str, str] | None = None
     from vllm import LLM, envs
 
     settings = {IN_PROCESS: os.environ.get(IN_PROCESS, "0"), **(env or {})}
+    ipc = None if IPC_DIR in os.environ or IPC_DIR in settings else tempfile.mkdtemp(prefix="eagle-forge-vllm-")
+    if ipc is not None:
+        settings[IPC_DIR] = ipc
     # A core started in this process froze vLLM's view of the environment (envs.enable_envs_cache): thaw it, or
     # this engine would start with the last one's settings (its thread binding, its KV cache size).
     envs.disable_envs_cache()
-    with _environment(settings):
-        return LLM(**kwargs)
+    try:
+        with _environment(settings):
+            engine: Any = LLM(**kwargs)
+    except BaseException:
+        if ipc is not None:
+            shutil.rmtree(ipc, ignore_errors=True)
+        raise
+    if ipc is not None:
+        # Removed by stop_engine, or when the engine is collected or the interpreter exits, whichever comes first.
+        engine._eagle_forge_ipc = weakref.finalize(engine, shutil.rmtree, ipc, ignore_errors=True)
+    return engine
 
 
 def _client(engine: Any) -> Any:
@@ -121,10 +139,14 @@ def advance(engine: Any) -> None:
 
 
 def stop_engine(engine: Any) -> None:
-    """Shut the engine's processes down now rather than at interpreter exit (its memory back for what comes next)."""
+    """Shut the engine's processes down now rather than at interpreter exit (its memory back for what comes next),
+    and remove its socket folder."""
     client = _client(engine)
     if client is not None and callable(getattr(client, "shutdown", None)):
         client.shutdown()
+    ipc = getattr(engine, "_eagle_forge_ipc", None)
+    if ipc is not None:
+        ipc()
 
 
 def run_prompts(engine: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int, num_steps: int) -> EngineRun:

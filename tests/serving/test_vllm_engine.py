@@ -8,6 +8,7 @@ prompts (an untrained draft is accepted about never: τ ≈ 1).
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,7 +20,7 @@ from resources.serving.vllm_engine import core_in_process, engine_kwargs, run_pr
 from tests.draft.helpers import TINY_VOCAB, draft_for, generate_greedy, tiny_llama, trained_draft
 from tests.vllm_engines import require_vllm
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 require_vllm()
 
 PROMPT, NEW, STEPS = 6, 24, 3
@@ -36,10 +37,15 @@ def served(tmp_path_factory):
     export = export_draft(draft, work / "export", dtype=torch.float32)
     kwargs = engine_kwargs(str(work / "target"), str(export), STEPS, dtype="float32", max_model_len=256)
     engine = start_engine(kwargs, cpu_engine_environment(1))
+    from vllm import envs
+
+    sockets = Path(envs.VLLM_RPC_BASE_PATH)  # as the engine's core read it, in this process
     try:
+        assert sockets.name.startswith("eagle-forge-vllm-") and sockets.is_dir()  # not the system's /tmp
         yield target, draft, prompts[48:].tolist(), engine
     finally:
         stop_engine(engine)
+    assert not sockets.exists()  # stopping the engine removed its socket folder
 
 
 def test_the_served_draft_beats_the_untrained_by_more_than_a_token(served):
