@@ -18,7 +18,9 @@ The data: random prompts continued greedily by the tiny target itself in float32
 responses), so that its next-token agreement is meaningful; the tiny target is built with its full output
 vocabulary (``text_safe_output=False``: restricting it needs the tokenizer), ``--safe-output`` builds the demo's.
 
-Writes ``device_check.json`` and ``device_check.log`` under ``--out``; exits 1 naming every failed check.
+Writes ``device_check.json`` and ``device_check.log`` under ``--out``; exits 1 naming every failed check. Beside it:
+``device_check_report.py`` (the checks, the log, the stages' timing) and ``device_check_corpus.py`` (stages 1 and
+2, the tiny target and its corpus), imported from this folder.
 """
 
 from __future__ import annotations
@@ -27,111 +29,34 @@ import argparse
 import json
 import math
 import os
-import platform
-import random
 import shutil
 import sys
 import tempfile
 import time
-import traceback
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its helpers, also as scripts.device_check
 
 STARTED = time.monotonic()  # before torch: its import is part of what a GPU host pays
 import torch  # noqa: E402
+from device_check_corpus import (  # noqa: E402
+    SIZES,
+    Corpus,
+    Sizes,
+    build_target,
+    check_greedy_paths,
+    greedy_no_cache,
+    make_corpus,
+)
+from device_check_report import Check, Report, environment, third_party_modules  # noqa: E402
 
 PARTITION = "train-00000"
 EAGLE_STEPS = 4  # the in-process benchmark's draft tokens per verification (TINY_TARGET_BENCHMARK_CONFIG)
-
-
-@dataclass(frozen=True)
-class Sizes:
-    """How much work each stage does; the CUDA defaults fit ~1 minute of an H200 after CUDA starts."""
-
-    train_samples: int
-    eval_prompts: int
-    prompt_len: tuple[int, ...]
-    response_len: tuple[int, int]
-    train_steps: int
-    draft_vocab: int
-    max_new_tokens: int
-
-
-SIZES = {
-    "cuda": Sizes(256, 16, (16, 24, 32, 48), (48, 128), 300, 4096, 48),
-    "cpu": Sizes(48, 6, (16, 24, 32), (32, 64), 40, 2048, 32),
-}
-
-
-@dataclass
-class Check:
-    name: str
-    passed: bool
-    summary: str
-    figures: dict[str, Any] = field(default_factory=dict)
-    counts: bool = True  # False: a diagnostic, reported but not in the exit status
-
-
-class Report:
-    """Log lines (stdout and the log file, with seconds since the start) and the checks' verdicts."""
-
-    def __init__(self, out: Path):
-        self.started = time.monotonic()
-        self.file: TextIO = (out / "device_check.log").open("w")
-        self.checks: list[Check] = []
-        self.stages: dict[str, float] = {}
-        self.facts: dict[str, Any] = {}
-
-    def log(self, message: str) -> None:
-        line = f"[{time.monotonic() - self.started:7.1f}s] {message}"
-        print(line, flush=True)
-        self.file.write(line + "\n")
-        self.file.flush()
-
-    def check(self, check: Check) -> Check:
-        self.checks.append(check)
-        verdict = "PASS" if check.passed else ("FAIL" if check.counts else "FAIL (diagnostic)")
-        self.log(f"{verdict} {check.name}: {check.summary}")
-        return check
-
-    def stage(self, name: str) -> _Stage:
-        return _Stage(self, name)
-
-    @property
-    def failed(self) -> list[str]:
-        return [c.name for c in self.checks if c.counts and not c.passed]
-
-
-class _Stage:
-    """Times a stage; an exception becomes a failed check named after the stage (with its traceback in the log)."""
-
-    def __init__(self, report: Report, name: str):
-        self.report, self.name = report, name
-        self.ok = False
-
-    def __enter__(self) -> _Stage:
-        self.t0 = time.monotonic()
-        self.report.log(f"--- {self.name}")
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool:
-        seconds = time.monotonic() - self.t0
-        self.report.stages[self.name] = round(seconds, 2)
-        if exc is None:
-            self.ok = True
-            self.report.log(f"--- {self.name}: {seconds:.1f}s")
-            return False
-        if not isinstance(exc, Exception):
-            return False  # KeyboardInterrupt, SystemExit: not ours to swallow
-        self.report.file.write("".join(traceback.format_exception(kind, exc, tb)))
-        self.report.check(Check(f"stage:{self.name}", False, f"raised {type(exc).__name__}: {exc}"))
-        return True
 
 
 def sync(device: torch.device) -> None:
@@ -140,125 +65,7 @@ def sync(device: torch.device) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# 1. The tiny target
-
-
-def build_target(work: Path, safe_output: bool, name: str = "llama-tiny") -> Path:
-    """The tiny Llama, or the tiny Kimi K2.5 (kimi_k25 around DeepSeek-V3: MLA, MoE; ``target/tiny_kimi.py``)."""
-    if name == "kimi-k25-tiny":
-        from eagle_assets.target.tiny_kimi import TinyKimiSpec, build_tiny_kimi_target
-
-        return build_tiny_kimi_target(work / "target", spec=TinyKimiSpec(seed=0, text_safe_output=safe_output))
-    from eagle_assets.target.tiny import TinyTargetSpec, build_tiny_target
-
-    return build_tiny_target(work / "target", spec=TinyTargetSpec(seed=0, text_safe_output=safe_output))
-
-
-# ----------------------------------------------------------------------------------------------
-# 2. The corpus: random prompts, the target's own greedy continuations
-
-
-@torch.inference_mode()
-def greedy_batch(model: Any, prompts: torch.Tensor, new_tokens: int) -> torch.Tensor:
-    """Greedy continuations of equal-length prompts [B, P] → [B, new_tokens], one KV cache for the batch.
-
-    Batched (no padding needed at equal lengths) because one sequence at a time costs a kernel-launch-bound forward
-    per token per sample on a GPU; the cache argument is spelt as ``draft.target`` spells it for this transformers.
-    """
-    from eagle_assets.draft.target import cache_kwarg, make_cache
-
-    cache = make_cache(model)
-    kw = {cache_kwarg(model): cache, "use_cache": True}
-    b, p = prompts.shape
-    logits = model(input_ids=prompts, logits_to_keep=1, **kw).logits
-    nxt = logits[:, -1].argmax(-1)
-    out = [nxt]
-    for pos in range(p, p + new_tokens - 1):
-        position = torch.full((b, 1), pos, dtype=torch.long, device=prompts.device)
-        nxt = model(input_ids=nxt[:, None], position_ids=position, **kw).logits[:, -1].argmax(-1)
-        out.append(nxt)
-    return torch.stack(out, dim=1)
-
-
-@torch.inference_mode()
-def greedy_no_cache(model: Any, prompt: Sequence[int], new_tokens: int) -> list[int]:
-    """The reference: the whole sequence through the model at every step (no cache to get wrong)."""
-    device = next(model.parameters()).device
-    ids = list(prompt)
-    for _ in range(new_tokens):
-        logits = model(input_ids=torch.tensor([ids], device=device), use_cache=False, logits_to_keep=1).logits
-        ids.append(int(logits[0, -1].argmax()))
-    return ids[len(prompt) :]
-
-
-def random_prompts(n: int, length: int, rng: torch.Generator) -> torch.Tensor:
-    """[BOS] + ordinary ids (below the Kimi specials, which start at 163,584)."""
-    from eagle_assets.target.tiny import KIMI_BOS_ID
-
-    body = torch.randint(0, KIMI_BOS_ID, (n, length - 1), generator=rng)
-    return torch.cat([torch.full((n, 1), KIMI_BOS_ID), body], dim=1)
-
-
-@dataclass
-class Corpus:
-    samples: list[dict[str, Any]]  # sample_id, input_ids, loss_mask (as the corpus shard's rows)
-    prompt_lens: list[int]
-    eval_prompts: list[list[int]]
-
-
-def make_corpus(model: Any, sizes: Sizes, device: torch.device) -> Corpus:
-    rng = torch.Generator().manual_seed(1234)
-    cut = random.Random(1234)
-    groups = len(sizes.prompt_len)
-    per_group = math.ceil(sizes.train_samples / groups)
-    samples: list[dict[str, Any]] = []
-    prompt_lens: list[int] = []
-    lo, hi = sizes.response_len
-    for length in sizes.prompt_len:
-        prompts = random_prompts(per_group, length, rng)
-        responses = greedy_batch(model, prompts.to(device), hi).cpu()
-        for prompt, response in zip(prompts.tolist(), responses.tolist(), strict=True):
-            if len(samples) == sizes.train_samples:
-                break
-            r = cut.randint(lo, hi)
-            samples.append(
-                {
-                    "sample_id": f"s{len(samples):05d}",
-                    "input_ids": prompt + response[:r],
-                    "loss_mask": [0] * len(prompt) + [1] * r,
-                }
-            )
-            prompt_lens.append(len(prompt))
-    eval_prompts = random_prompts(sizes.eval_prompts, sizes.prompt_len[0], torch.Generator().manual_seed(99)).tolist()
-    return Corpus(samples, prompt_lens, eval_prompts)
-
-
-def check_greedy_paths(model: Any, corpus: Corpus, report: Report) -> None:
-    """The tests' ``generate_greedy`` reference loop and the batched loop against a
-    cache-free recompute: a KV-cache argument this transformers ignores would decode each token without context."""
-    from tests.draft.helpers import generate_greedy
-
-    n = 16
-    worst = {"generate_greedy": n, "batched": n}
-    for s, p in zip(corpus.samples[:2], corpus.prompt_lens[:2], strict=True):
-        prompt, given = s["input_ids"][:p], s["input_ids"][p : p + n]
-        ref = greedy_no_cache(model, prompt, n)
-        for name, got in (("generate_greedy", generate_greedy(model, prompt, n, eos_id=None)), ("batched", given)):
-            same = next((i for i, (a, b) in enumerate(zip(got, ref, strict=False)) if a != b), len(ref))
-            worst[name] = min(worst[name], same)
-    ok = all(v == n for v in worst.values())
-    report.check(
-        Check(
-            "greedy_kv_cache",
-            ok,
-            f"first {n} greedy tokens equal to a cache-free recompute on 2 prompts: "
-            + ", ".join(f"{k} {v}/{n}" for k, v in worst.items()),
-            {"agreeing_prefix": worst},
-        )
-    )
-
-
-# ----------------------------------------------------------------------------------------------
+# 1. The tiny target and 2. the corpus: scripts/device_check_corpus.py
 # 3. Hidden states, calibration, fidelity checks (hidden_states asset, HF backend)
 
 
@@ -350,6 +157,46 @@ def compare_stores(a: Path, b: Path) -> dict[str, float]:
         rel = ((x - y).norm(dim=-1) / y.norm(dim=-1).clamp_min(1e-12)).tolist()
         worst, total, n = max(worst, *rel), total + sum(rel), n + len(rel)
     return {"max_relative_l2": round(worst, 6), "mean_relative_l2": round(total / max(n, 1), 6)}
+
+
+def hidden_states_stage(
+    report: Report,
+    summary: dict[str, Any],
+    fp32: Any,
+    corpus: Corpus,
+    model_dir: Path,
+    padded: Path,
+    single: Path,
+    device: torch.device,
+    compute_dtype: torch.dtype,
+    model_id: str,
+) -> None:
+    """The ``hidden_states`` stage: the store in padded batches, calibrated, its three checks; then, as a diagnostic,
+    the same store one sample per batch against the same calibration. Figures go to ``summary["hidden_states"]``."""
+    model = load(model_dir, device, compute_dtype) if compute_dtype != torch.float32 else fp32
+    rep = extract(model, corpus, padded, 16384, model_id)  # the target resource's default batch
+    sync(device)
+    report.log(f"    padded batches: {rep.tokens_computed} tokens in {rep.seconds:.2f}s ({rep.tokens_per_s:.0f}/s)")
+    t0 = time.monotonic()
+    calibrate(model, corpus, padded, model_id)
+    sync(device)
+    calibration_s = time.monotonic() - t0
+    t0 = time.monotonic()
+    outcomes = fidelity(corpus, padded, model_dir, device)
+    summary["hidden_states"] = {
+        "tokens_per_s": round(rep.tokens_per_s, 1),
+        "extract_seconds": round(rep.seconds, 2),
+        "calibration_seconds": round(calibration_s, 2),
+        "checks_seconds": round(time.monotonic() - t0, 2),
+        "padded": report_fidelity(report, outcomes, "padded", counts=True),
+    }
+    # Diagnostic: the same store one sample per batch (no padding), against the same calibration.
+    extract(model, corpus, single, 1, model_id)
+    shutil.copy2(padded / "fidelity_calibration.json", single / "fidelity_calibration.json")
+    outcomes = fidelity(corpus, single, model_dir, device)
+    summary["hidden_states"]["one_sample_per_batch"] = report_fidelity(report, outcomes, "unpadded", counts=False)
+    summary["hidden_states"]["padded_vs_unpadded_last"] = compare_stores(padded, single)
+    report.log(f"    padded vs unpadded last states: {summary['hidden_states']['padded_vs_unpadded_last']}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -547,30 +394,6 @@ def check_speculative_output(model: Any, draft: Any, corpus: Corpus, report: Rep
 # ----------------------------------------------------------------------------------------------
 
 
-def third_party_modules() -> list[str]:
-    """Top-level modules loaded from outside the standard library and this repository."""
-    std = set(sys.stdlib_module_names)
-    ours = {"eagle_assets", "resources", "sensors", "__main__"}
-    tops = {name.partition(".")[0] for name in list(sys.modules)}
-    return sorted(t for t in tops if t not in std and t not in ours and not t.startswith("_"))
-
-
-def environment(device: torch.device) -> dict[str, Any]:
-    import transformers
-
-    env: dict[str, Any] = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "device": str(device),
-        "cpu_threads": torch.get_num_threads(),
-    }
-    if device.type == "cuda":
-        env["gpu"] = torch.cuda.get_device_name(device)
-        env["cuda"] = torch.version.cuda
-    return env
-
-
 def load(model_dir: Path, device: torch.device, dtype: torch.dtype) -> Any:
     from eagle_assets.target.loader import load_target
 
@@ -614,31 +437,7 @@ def run_all(args: argparse.Namespace, report: Report, work: Path) -> dict[str, A
     store_root = work / "hidden_states"
     padded, single = store_root / PARTITION, work / "hidden_states_single" / PARTITION
     with report.stage("hidden_states") as st:
-        model = load(model_dir, device, compute_dtype) if compute_dtype != torch.float32 else fp32
-        rep = extract(model, corpus, padded, 16384, model_id)  # the target resource's default batch
-        sync(device)
-        report.log(f"    padded batches: {rep.tokens_computed} tokens in {rep.seconds:.2f}s ({rep.tokens_per_s:.0f}/s)")
-        t0 = time.monotonic()
-        calibrate(model, corpus, padded, model_id)
-        sync(device)
-        calibration_s = time.monotonic() - t0
-        t0 = time.monotonic()
-        outcomes = fidelity(corpus, padded, model_dir, device)
-        summary["hidden_states"] = {
-            "tokens_per_s": round(rep.tokens_per_s, 1),
-            "extract_seconds": round(rep.seconds, 2),
-            "calibration_seconds": round(calibration_s, 2),
-            "checks_seconds": round(time.monotonic() - t0, 2),
-            "padded": report_fidelity(report, outcomes, "padded", counts=True),
-        }
-        # Diagnostic: the same store one sample per batch (no padding), against the same calibration.
-        extract(model, corpus, single, 1, model_id)
-        shutil.copy2(padded / "fidelity_calibration.json", single / "fidelity_calibration.json")
-        outcomes = fidelity(corpus, single, model_dir, device)
-        summary["hidden_states"]["one_sample_per_batch"] = report_fidelity(report, outcomes, "unpadded", counts=False)
-        summary["hidden_states"]["padded_vs_unpadded_last"] = compare_stores(padded, single)
-        report.log(f"    padded vs unpadded last states: {summary['hidden_states']['padded_vs_unpadded_last']}")
-        del model
+        hidden_states_stage(report, summary, fp32, corpus, model_dir, padded, single, device, compute_dtype, model_id)
     if not st.ok:
         return summary
 
@@ -653,6 +452,7 @@ def run_all(args: argparse.Namespace, report: Report, work: Path) -> dict[str, A
         return summary
     with report.stage("draft_model_online"):
         summary["draft_model_online"] = online_training(report, cfg, corpus, work, device, steps)
+    tau: float | None = None  # the in-process τ, printed beside vLLM's (None when its stage failed)
     with report.stage("draft_benchmark") as st:
         result = acceptance(fp32, work / "draft-run" / "export", corpus.eval_prompts, sizes, device)
         trained = result.pop("draft")
@@ -671,12 +471,17 @@ def run_all(args: argparse.Namespace, report: Report, work: Path) -> dict[str, A
             )
         )
         check_speculative_output(fp32, trained, corpus, report)
-    vllm_stages(report, summary, model_dir, work, corpus.eval_prompts, sizes.max_new_tokens, tau)
+    if args.target.startswith("kimi"):
+        # docs/hidden-states.md: vLLM's kimi_k25 loader wants the real checkpoint (its image processor, its weight
+        # names); the tiny Kimi has neither, on any device.
+        report.log("vllm: the tiny Kimi K2.5 does not load in vLLM (docs/hidden-states.md), its stages skipped")
+    else:
+        vllm_stages(report, summary, model_dir, work, corpus.eval_prompts, sizes.max_new_tokens, tau)
     return summary
 
 
 def vllm_stages(
-    report: Report, summary: dict[str, Any], model_dir: Path, work: Path, prompts: Any, new: int, tau: float
+    report: Report, summary: dict[str, Any], model_dir: Path, work: Path, prompts: Any, new: int, tau: float | None
 ) -> None:
     """The real engine's route, where vLLM is installed (``EAGLE_FORGE_VLLM_PACKAGE=vllm==0.32.0 bash
     scripts/setup.sh``): its features against the HF backend's, then the trained export served by it."""
@@ -685,18 +490,26 @@ def vllm_stages(
     if importlib.util.find_spec("vllm") is None:
         report.log("vllm: not installed, its stages skipped")
         return
-    from eagle_assets.hidden_states.extract_vllm import parity_check
-    from resources.serving.vllm_engine import engine_kwargs, run_prompts, start_engine
+    from eagle_assets.hidden_states.extract_vllm import cpu_engine_environment, parity_check, seq_len_for
+    from resources.serving.vllm_engine import engine_kwargs, run_prompts, start_engine, stop_engine
 
     with report.stage("vllm_hidden_states"):
         summary["vllm_parity"] = parity_check(model_dir, work_dir=work / "vllm-parity")
         report.log(f"    vLLM vs HF features (max relative difference): {summary['vllm_parity']}")
     with report.stage("vllm_draft_benchmark"):
-        kwargs = engine_kwargs(str(model_dir), str(work / "draft-run" / "export"), EAGLE_STEPS, max_model_len=1024)
-        engine = start_engine(kwargs)
-        served = run_prompts(engine, [list(p) for p in prompts], new, EAGLE_STEPS).tally
+        # As the draft_benchmark asset starts it: sized for these prompts, a CPU engine with a small KV cache.
+        ids = [list(map(int, p)) for p in prompts]
+        longest = seq_len_for(len(p) + new + EAGLE_STEPS for p in ids)
+        export = str(work / "draft-run" / "export")
+        kwargs = engine_kwargs(str(model_dir), export, EAGLE_STEPS, max_model_len=longest)
+        engine = start_engine(kwargs, None if torch.cuda.is_available() else cpu_engine_environment(1))
+        try:
+            served = run_prompts(engine, ids, new, EAGLE_STEPS).tally
+        finally:
+            stop_engine(engine)
         summary["vllm_draft_benchmark"] = {"tau": served.tau, "per_position": served.position_rates}
-        report.log(f"    τ through vLLM {served.tau:.3f} beside {tau:.3f} in process")
+        beside = "" if tau is None else f" beside {tau:.3f} in process"
+        report.log(f"    τ through vLLM {served.tau if served.tau is None else round(served.tau, 3)}{beside}")
 
 
 def check_target(args: argparse.Namespace, out: Path) -> bool:

@@ -182,7 +182,7 @@ def served_tally(
     from resources.serving.vllm_engine import engine_kwargs, run_prompts, start_engine, stop_engine
 
     tp = target.tensor_parallel_size
-    longest = seq_len_for(len(p) + max_new + k + 1 for p in prompts)
+    longest = seq_len_for(len(p) + max_new + k for p in prompts)  # and the k drafts past the last token
     kwargs = engine_kwargs(
         str(target.model_dir()), str(export), k, tp_size=tp, dtype=target.engine_dtype(), max_model_len=longest
     )

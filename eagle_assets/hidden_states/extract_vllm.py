@@ -66,9 +66,14 @@ def import_vllm() -> Any:
 def cpu_engine_environment(tp_size: int, environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """Settings a CPU engine needs that vLLM's defaults get wrong on a small machine: a KV cache of 1 GiB (the
     default sized one TP worker out of memory at 11.8 GB here) and, at tp > 1, one share of this process's cores per
-    rank ("Not enough allowed NUMA nodes" otherwise). What the environment already sets wins."""
+    rank ("Not enough allowed NUMA nodes" otherwise), and loopback as the host's address (at tp > 1 vLLM names its
+    workers' queue by this host's first network address otherwise, where a CPU engine runs on one machine). What
+    the environment already sets wins."""
     env = dict(os.environ if environ is None else environ)
-    out = {"VLLM_CPU_KVCACHE_SPACE": env.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+    out = {
+        "VLLM_CPU_KVCACHE_SPACE": env.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+        "VLLM_HOST_IP": env.get("VLLM_HOST_IP", "127.0.0.1"),
+    }
     if tp_size > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in env:
         cores = sorted(os.sched_getaffinity(0))
         if len(cores) < tp_size:
@@ -81,11 +86,13 @@ def cpu_engine_environment(tp_size: int, environ: Mapping[str, str] | None = Non
 
 
 def seq_len_for(lengths: Iterable[int], multiple: int = 256) -> int:
-    """The engine's ``max_model_len`` for these rows: the longest, rounded up (a KV cache sized for them only)."""
+    """The engine's ``max_model_len`` for these rows: the longest and the one token each request generates,
+    rounded up (a KV cache sized for them only). vLLM refuses a prompt as long as ``max_model_len``: a shard whose
+    longest row is 512 tokens needs 768."""
     longest = max(lengths, default=0)
     if longest < 1:
         raise ValueError("no rows to size the engine for")
-    return -(-longest // multiple) * multiple
+    return -(-(longest + 1) // multiple) * multiple
 
 
 @dataclass(frozen=True)
@@ -389,7 +396,12 @@ def parity_check(
     layers = AuxLayers.default(dims.num_layers)
     dtype = "auto" if torch.cuda.is_available() else "float32"
     config = VLLMEngineConfig(
-        str(model_path), layers, tp_size, max_seq_len=length, dtype=dtype, scratch_dir=str(work / "handoff")
+        str(model_path),
+        layers,
+        tp_size,
+        max_seq_len=seq_len_for([length]),
+        dtype=dtype,
+        scratch_dir=str(work / "handoff"),
     )
     r = random.Random(0)
     top = min(dims.vocab_size, 100_000)

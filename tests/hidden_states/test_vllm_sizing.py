@@ -1,0 +1,46 @@
+"""How the vLLM engines are sized and set up on a CPU machine, without starting one (no vLLM needed).
+
+What these numbers guard against was seen on the real engine: a prompt exactly as long as ``max_model_len`` is
+refused ("plus the number of requested output tokens (at least 1) is longer than the maximum model length"), the
+default KV cache got a tensor-parallel worker OOM-killed, and at tp > 1 vLLM named its workers' queue by this
+host's network address.
+"""
+
+import os
+
+import pytest
+
+from eagle_assets.hidden_states.extract_vllm import cpu_engine_environment, seq_len_for
+
+
+def test_the_engine_has_room_for_the_longest_row_and_the_token_it_generates():
+    assert seq_len_for([255]) == 256
+    assert seq_len_for([256]) == 512  # vLLM refuses a prompt as long as max_model_len
+    assert seq_len_for([10, 511, 3]) == 512
+    assert seq_len_for([512], multiple=512) == 1024
+    assert seq_len_for(iter([1])) == 256
+    with pytest.raises(ValueError, match="no rows"):
+        seq_len_for([])
+
+
+def test_a_cpu_engine_gets_a_small_kv_cache_loopback_and_one_core_share_per_rank():
+    one = cpu_engine_environment(1, {})
+    assert one == {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_HOST_IP": "127.0.0.1"}
+    if len(os.sched_getaffinity(0)) >= 2:
+        two = cpu_engine_environment(2, {})
+        cores = sorted(os.sched_getaffinity(0))
+        share = len(cores) // 2
+        assert two["VLLM_CPU_OMP_THREADS_BIND"].split("|") == [
+            ",".join(map(str, cores[:share])),
+            ",".join(map(str, cores[share : 2 * share])),
+        ]
+    # what the environment sets wins
+    mine = {"VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_HOST_IP": "10.0.0.7", "VLLM_CPU_OMP_THREADS_BIND": "0|1"}
+    assert cpu_engine_environment(2, mine) == {"VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_HOST_IP": "10.0.0.7"}
+
+
+def test_more_ranks_than_cores_is_refused_by_name():
+    from eagle_assets.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="tensor_parallel_size 4096 needs as many cores"):
+        cpu_engine_environment(4096, {})
