@@ -68,6 +68,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     - the tests of a module that use a module-scoped fixture (a trained draft, a ``dagster dev``, a tiny target's
       features) form one work unit, so one worker builds it once instead of every worker building its own;
+    - the modules that start a real vLLM engine (``pytest.mark.vllm``) form one unit, so one worker imports vLLM
+      (~6 CPU-s a process here) and holds an engine at a time;
     - ``slow`` tests (and the units that hold one) are dealt first, then the other units, then single tests, so
       no worker starts a minute-long test when the others are done.
 
@@ -79,7 +81,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         info = getattr(item, "_fixtureinfo", None)
         defs = info.name2fixturedefs.values() if info is not None else ()
-        if any(d and d[-1].scope == "module" for d in defs):
+        if item.get_closest_marker("vllm"):
+            units[id(item)] = "vllm-engines"
+        elif any(d and d[-1].scope == "module" for d in defs):
             units[id(item)] = item.nodeid.split("::")[0]
     slow_units = {units.get(id(i)) for i in items if i.get_closest_marker("slow")} - {None}
 

@@ -21,7 +21,7 @@ from eagle_assets.hidden_states.store import HiddenStateStore
 from tests.hidden_states.conftest import make_corpus
 from tests.vllm_engines import require_vllm
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 require_vllm()
 
 
