@@ -7,7 +7,7 @@ The session's ``EAGLE_FORGE_HOME`` is a temporary folder of its own (tests that 
 that takes a lease or writes state without being given a home would otherwise write into the checkout's (or the
 user's) ``.eagle_forge``, and a test must leave nothing behind.
 
-``scripts/test.sh`` runs the suite on pytest-xdist workers (``-n 4 --dist loadgroup``): each worker is a process
+``scripts/test.sh`` runs the suite on pytest-xdist workers (``-n 3 --dist loadgroup``): each worker is a process
 of its own, so each has its own session home, PostgreSQL server (its own data folder and socket) and session
 fixtures; simulators and servers take free ports. See ``pytest_collection_modifyitems`` for how work is dealt.
 

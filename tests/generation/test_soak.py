@@ -64,8 +64,10 @@ def test_sigkill_without_faults_loses_and_duplicates_nothing(tmp_path):
 def test_small_soak_with_mixed_faults_streaming(tmp_path):
     """Streamed: faults and SIGKILLs land mid-stream, and cut streams are settled by their generation id.
 
-    1,000 prompts at 200 in flight and a 150-prompt storm (3,000 at 500 and 400 before: a third of the CPU, the
-    same checks; the long run is ``benchmarks/soak.py --stream``)."""
+    1,000 prompts at 200 in flight (3,000 at 500 before: a third of the CPU, the same checks; the long run is
+    ``benchmarks/soak.py --stream``). No 429 storm here: one more Dagster run of its own, where the engine's storm
+    test (``test_engine_sim.py::test_429_storm_adapts_concurrency_and_completes``) already holds that behaviour and
+    the benchmark's second phase measures its goodput through the CLI."""
     cfg = SoakConfig(
         stream=True,
         prompts=1000,
@@ -74,8 +76,7 @@ def test_small_soak_with_mixed_faults_streaming(tmp_path):
         latency_median_s=0.4,
         budget_usd=100.0,
         token_budget=10_000_000,
-        storm_prompts=150,
-        storm_rate_per_s=150.0,
+        storm_prompts=0,
         seed=11,
         time_limit_s=300,
         in_process=True,
@@ -83,4 +84,3 @@ def test_small_soak_with_mixed_faults_streaming(tmp_path):
     result = run_soak(cfg, tmp_path, log=lambda _: None)
     check(result, cfg)
     assert result["requests_sent_to_simulator"] > cfg.prompts  # the faults really were retried
-    assert result["storm"]["ok"] and result["storm"]["records"] == cfg.storm_prompts
