@@ -72,8 +72,25 @@ def _environment(values: Mapping[str, str]) -> Iterator[None]:
 
 IN_PROCESS = "VLLM_ENABLE_V1_MULTIPROCESSING"
 # Where vLLM binds its IPC sockets (the engine's ZeroMQ queues, a TP group's broadcast queue). It defaults to the
-# system's temporary folder and never removes them: every engine left a few socket files in /tmp for good.
+# system's temporary folder and never removes them: every engine left a few socket files in /tmp for good, and the
+# file its executor's process group meets at (``vllm_dist_<uuid>``, in ``tempfile.gettempdir()``) too.
 IPC_DIR = "VLLM_RPC_BASE_PATH"
+
+
+@contextmanager
+def _temporary_folder(path: str | None) -> Iterator[None]:
+    """``tempfile``'s folder is ``path`` while the engine starts (its core and executor are built in this process),
+    and ``TMPDIR`` for the processes it starts, so what vLLM leaves in "the" temporary folder is removed with it."""
+    if path is None:
+        yield
+        return
+    saved = tempfile.tempdir
+    tempfile.tempdir = path
+    try:
+        with _environment({"TMPDIR": path}):
+            yield
+    finally:
+        tempfile.tempdir = saved
 
 
 def start_engine(kwargs: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Any:
@@ -97,7 +114,7 @@ def start_engine(kwargs: Mapping[str, Any], env: Mapping[str, str] | None = None
     # this engine would start with the last one's settings (its thread binding, its KV cache size).
     envs.disable_envs_cache()
     try:
-        with _environment(settings):
+        with _environment(settings), _temporary_folder(ipc):
             engine: Any = LLM(**kwargs)
     except BaseException:
         if ipc is not None:

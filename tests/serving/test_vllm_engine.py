@@ -42,6 +42,7 @@ def served(tmp_path_factory):
     sockets = Path(envs.VLLM_RPC_BASE_PATH)  # as the engine's core read it, in this process
     try:
         assert sockets.name.startswith("eagle-forge-vllm-") and sockets.is_dir()  # not the system's /tmp
+        assert list(sockets.glob("vllm_dist_*"))  # the executor's rendezvous file, in there too
         yield target, draft, prompts[48:].tolist(), engine
     finally:
         stop_engine(engine)
