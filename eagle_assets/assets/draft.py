@@ -143,10 +143,13 @@ def train_run_config(
 
 
 def training_command(config_path: Path, nproc: int) -> list[str]:
+    """The training process, or ``torchrun`` over ``nproc`` of them. torchrun's logs go beside the run's config:
+    left to itself it makes a ``torchelastic_*`` folder in /tmp for every launch and never removes it."""
     module = ["-m", "eagle_assets.draft.pipes_train", "--config", str(config_path)]
     if nproc <= 1:
         return [sys.executable, *module]
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *module]
+    logs = f"--log-dir={config_path.parent / 'torchrun-logs'}"
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", logs, *module]
 
 
 @dg.asset(

@@ -134,3 +134,4 @@ def assert_trained_alike(ddp_dir: Path, single_dir: Path, steps: int) -> None:
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5) and a["tokens"] == b["tokens"]
         assert a["acc"] == pytest.approx(b["acc"], abs=1e-9)  # global counts: identical unless a tie flips
     assert (ddp_dir / "export" / "model.safetensors").is_file()
+    assert any((ddp_dir / "torchrun-logs").iterdir())  # torchrun's logs kept with the run, not left in /tmp
