@@ -263,7 +263,10 @@ def dagster_ui(chromium_executable: str, tmp_path_factory: pytest.TempPathFactor
     while sim_port == port:
         sim_port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in SCRUBBED_ENV}
+    scratch = base / "tmp"  # dagster dev's code-server sockets: its killed servers left them in /tmp for good
+    scratch.mkdir()
     env.update(
+        TMPDIR=str(scratch),
         EAGLE_FORGE_HOME=str(forge_home),
         DAGSTER_HOME=str(dagster_home),
         EAGLE_FORGE_SIM_PORT=str(sim_port),
