@@ -7,6 +7,7 @@ import time
 import pytest
 
 from eagle_assets.generation.ledger import BudgetLedger, Settlement
+from eagle_assets.generation.settlement import SettlementSchedule
 from resources.openrouter.providers import NoAllowedProviderError, ProviderPolicy
 from resources.simulator.config import ProviderEndpoint
 from resources.simulator.faults import FaultConfig
@@ -312,7 +313,10 @@ STREAM_FAULTS = [
 def test_streaming_faults_are_retried_and_settled(harness, name, faults, cls):
     harness.sim.set_faults(FaultConfig(**{"retry_after_s": 0.05, **faults}))
     prompts = make_prompts(30, tag=f"s{name[:3]}")
-    report = harness.run(prompts, stream=True, idle_s=0.5, timeout_s=10.0, max_attempts=12)
+    # Up to 20 s at the run's end to settle the cut streams (it ends once they are: 3 s, the harness's default,
+    # was too short on a loaded CI machine, and one stream stayed charged at its reservation).
+    settle = SettlementSchedule(first_lookup_s=0.05, loop_interval_s=0.1, final_wait_s=20.0)
+    report = harness.run(prompts, stream=True, idle_s=0.5, timeout_s=10.0, max_attempts=12, settlement=settle)
     assert_unique_complete(harness, prompts, report)
     assert report.errors[cls] > 0, dict(report.errors)
     spent, billed = harness.ledger_totals().usd_spent, harness.sim.stats(0)["billed_usd"]
