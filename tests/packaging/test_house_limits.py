@@ -22,7 +22,6 @@ KNOWN_LONG_FUNCTIONS = {
     ("benchmarks/soak.py", "run_soak"): 185,
     ("benchmarks/two_hosts.py", "_run_two_hosts"): 160,
     ("tests/datasets/fake_dataset_hub.py", "build_app"): 112,
-    ("tests/pipeline/test_draft_assets.py", "test_sensor_trains_and_benchmarks_the_draft"): 85,
 }
 
 

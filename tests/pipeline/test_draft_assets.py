@@ -72,19 +72,7 @@ def test_sensor_trains_and_benchmarks_the_draft(tmp_path, forge_home):
         assert md["embedding_served_by"].value == {"sglang": "target", "vllm": "target"}
         logs = [e.message for e in instance.all_logs(r.run_id) if e.message]
         assert any("step 4: loss" in m for m in logs)  # streamed from the subprocess while it trained
-        # One folder for both engines (export-vllm is only an alias of it), loaded as each engine loads it:
-        # every tensor maps, and both capture the target layers the draft was trained on.
-        export = latest_export_dir() / "export"
-        assert (latest_export_dir() / "export-vllm").resolve() == export.resolve()
-        exported = json.loads((export / "config.json").read_text())
-        assert exported["architectures"] == ["LlamaForCausalLMEagle3"] and exported["draft_vocab_size"] == 512
-        run_cfg = json.loads((Path(md["run_dir"].value) / "run.json").read_text())
-        target_layers = json.loads((Path(run_cfg["target"]["path"]) / "config.json").read_text())["num_hidden_layers"]
-        trained = tuple(run_cfg["aux_layer_ids"])
-        assert trained == (2, 3, 4)  # the tiny target's 7 layers: the reference default [2, N//2, N-3]
-        checked = check_export(export, trained, target_layers)
-        assert checked.problems == []
-        assert {e: load.captured_hf_layers for e, load in checked.loads.items()} == {"sglang": trained, "vllm": trained}
+        assert_one_export_for_both_engines(Path(md["run_dir"].value))
 
         # The same asset under torchrun: two gloo processes holding half of each global batch train like the one
         # process above, and rank 0 alone talks to Dagster through Pipes.
@@ -113,6 +101,22 @@ def test_sensor_trains_and_benchmarks_the_draft(tmp_path, forge_home):
         assert bmd["prompts"].value == 3 and len(bmd["per_position_accept_rate"].value) == 3  # num_steps
         assert bmd["acceptance_length"].value >= 1.0 and bmd["acceptance_length_untrained"].value >= 1.0
         assert "data:image/png;base64," in bmd["acceptance_plot"].value
+
+
+def assert_one_export_for_both_engines(run_dir: Path) -> None:
+    """One folder for both engines (export-vllm is only an alias of it), loaded as each engine loads it: every
+    tensor maps, and both capture the target layers the draft was trained on."""
+    export = latest_export_dir() / "export"
+    assert (latest_export_dir() / "export-vllm").resolve() == export.resolve()
+    exported = json.loads((export / "config.json").read_text())
+    assert exported["architectures"] == ["LlamaForCausalLMEagle3"] and exported["draft_vocab_size"] == 512
+    run_cfg = json.loads((run_dir / "run.json").read_text())
+    target_layers = json.loads((Path(run_cfg["target"]["path"]) / "config.json").read_text())["num_hidden_layers"]
+    trained = tuple(run_cfg["aux_layer_ids"])
+    assert trained == (2, 3, 4)  # the tiny target's 7 layers: the reference default [2, N//2, N-3]
+    checked = check_export(export, trained, target_layers)
+    assert checked.problems == []
+    assert {e: load.captured_hf_layers for e, load in checked.loads.items()} == {"sglang": trained, "vllm": trained}
 
 
 def assert_trained_alike(ddp_dir: Path, single_dir: Path, steps: int) -> None:
