@@ -287,7 +287,7 @@ def compare(name: str, runs: dict[str, list[dict[str, Any]]], repeat: int) -> No
     )
 
 
-def main() -> None:
+def _args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scale", type=float, default=10.0, help="divide production tokens and dollars by this")
     ap.add_argument("--latency", type=float, default=2.0, help="fixed simulator latency, seconds")
@@ -312,7 +312,11 @@ def main() -> None:
         help="where the ledger lives; postgresql starts a local server (pgserver); both: each phase on each",
     )
     ap.add_argument("--repeat", type=int, default=1, help="runs per phase and ledger, alternated between ledgers")
-    a = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    a = _args()
     scaled = {
         "max_tokens": round(PRODUCTION["max_tokens"] / a.scale),
         "mean_tokens": round(PRODUCTION["mean_tokens"] / a.scale),

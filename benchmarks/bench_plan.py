@@ -51,7 +51,7 @@ def write_dataset(path: Path, name: str, n: int) -> None:
             f.write(orjson.dumps({"id": f"{name}-{i:06d}", **row}) + b"\n")
 
 
-def main() -> None:
+def _args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", type=int, default=1500, help="rows per dataset")
     ap.add_argument("--target", type=int, default=150_000, help="output-token target per dataset")
@@ -63,7 +63,11 @@ def main() -> None:
     ap.add_argument("--latency", type=float, default=0.5)
     ap.add_argument("--timeout", type=float, default=1200.0)
     ap.add_argument("--keep", action="store_true")
-    a = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    a = _args()
     bound = {x.strip() for x in a.prompt_bound.split(",") if x.strip()}
     work = Path(tempfile.mkdtemp(prefix="bench-plan-"))
     home, dagster_home = work / "home", work / "dagster_home"

@@ -209,7 +209,7 @@ def start_simulator(latency: float, stream_chunks: int = 12) -> tuple[subprocess
     raise RuntimeError("simulator did not start")
 
 
-def main() -> None:
+def _args() -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--worker")
     ap.add_argument("--url")
@@ -221,7 +221,11 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--max-tokens", type=int, default=64, help="per request (longer answers, denser streams)")
     ap.add_argument("--stream-chunks", type=int, default=12, help="simulator: stream deltas per reasoning/content")
-    a = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    a = _args()
     _set_max_tokens(a.max_tokens)
     if a.worker:
         worker(a.worker, a.url, a.n, a.concurrency)
