@@ -38,7 +38,7 @@ if os.environ.get("TEST_HYPOTHESIS") == "ci":
     hypothesis_settings.load_profile("ci")
 
 # Torch on one thread in every test process and every process a test starts (they inherit the environment; set
-# before anything imports torch). The suite runs 4 xdist workers on 2 cores: a second intra-op thread only spins at
+# before anything imports torch). The suite runs 3 xdist workers on 2 cores: a second intra-op thread only spins at
 # each barrier, waiting for a core another worker holds. Measured here: the draft benchmark step 18 -> 3 CPU-s, a
 # Pipes training subprocess 24 -> 13 CPU-s, with no test slower.
 os.environ["OMP_NUM_THREADS"] = "1"
