@@ -490,23 +490,17 @@ def vllm_stages(
     if importlib.util.find_spec("vllm") is None:
         report.log("vllm: not installed, its stages skipped")
         return
-    from eagle_assets.hidden_states.extract_vllm import cpu_engine_environment, parity_check, seq_len_for
-    from resources.serving.vllm_engine import engine_kwargs, run_prompts, start_engine, stop_engine
+    from eagle_assets.hidden_states.extract_vllm import parity_check
+    from resources.serving.vllm_engine import served_tally
 
     with report.stage("vllm_hidden_states"):
         summary["vllm_parity"] = parity_check(model_dir, work_dir=work / "vllm-parity")
         report.log(f"    vLLM vs HF features (max relative difference): {summary['vllm_parity']}")
     with report.stage("vllm_draft_benchmark"):
-        # As the draft_benchmark asset starts it: sized for these prompts, a CPU engine with a small KV cache.
+        # As the draft_benchmark asset serves it: an engine sized for these prompts (a CPU one with its settings).
         ids = [list(map(int, p)) for p in prompts]
-        longest = seq_len_for(len(p) + new + EAGLE_STEPS for p in ids)
         export = str(work / "draft-run" / "export")
-        kwargs = engine_kwargs(str(model_dir), export, EAGLE_STEPS, max_model_len=longest)
-        engine = start_engine(kwargs, None if torch.cuda.is_available() else cpu_engine_environment(1))
-        try:
-            served = run_prompts(engine, ids, new, EAGLE_STEPS).tally
-        finally:
-            stop_engine(engine)
+        served = served_tally(str(model_dir), export, ids, new, EAGLE_STEPS, on_cuda=torch.cuda.is_available())
         summary["vllm_draft_benchmark"] = {"tau": served.tau, "per_position": served.position_rates}
         beside = "" if tau is None else f" beside {tau:.3f} in process"
         report.log(f"    τ through vLLM {served.tau if served.tau is None else round(served.tau, 3)}{beside}")

@@ -178,20 +178,18 @@ def served_tally(
     target: TargetModelResource, export: Path, prompts: list[list[int]], max_new: int, k: int
 ) -> AcceptanceTally:
     """The exported draft served by an in-process vLLM engine on ``prompts``: its counters' tally."""
-    from eagle_assets.hidden_states.extract_vllm import cpu_engine_environment, seq_len_for
-    from resources.serving.vllm_engine import engine_kwargs, run_prompts, start_engine, stop_engine
+    from resources.serving.vllm_engine import served_tally as engine_tally
 
-    tp = target.tensor_parallel_size
-    longest = seq_len_for(len(p) + max_new + k for p in prompts)  # and the k drafts past the last token
-    kwargs = engine_kwargs(
-        str(target.model_dir()), str(export), k, tp_size=tp, dtype=target.engine_dtype(), max_model_len=longest
+    return engine_tally(
+        str(target.model_dir()),
+        str(export),
+        prompts,
+        max_new,
+        k,
+        tp_size=target.tensor_parallel_size,
+        dtype=target.engine_dtype(),
+        on_cuda=target.torch_device().type == "cuda",
     )
-    cuda = target.torch_device().type == "cuda"
-    engine = start_engine(kwargs, None if cuda else cpu_engine_environment(tp))
-    try:
-        return run_prompts(engine, prompts, max_new, k).tally
-    finally:
-        stop_engine(engine)
 
 
 def load_prompt_sets(config: BenchmarkConfig, names: list[str], log: Any) -> tuple[list[Any], dict[str, str]]:

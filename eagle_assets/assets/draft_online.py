@@ -53,8 +53,8 @@ def tree_bytes(path: Path) -> int:
 
 
 def online_data(target: TargetModelResource, tokens: Path, max_length: int, prefetch: int, longest: int) -> TokensData:
-    from eagle_assets.hidden_states.extract_vllm import seq_len_for
     from eagle_assets.hidden_states.store_format import dtype_name
+    from resources.serving.vllm_engine import seq_len_for
 
     vllm = {
         "tp_size": target.tensor_parallel_size,

@@ -164,8 +164,9 @@ def extract_partition_vllm(
     """The store through one vLLM engine in one pass, then its calibration (the target in this process, or the same
     engine): (shards skipped, tokens/s). The disk check and resume come first: a finished or refused partition
     starts no engine."""
-    from eagle_assets.hidden_states.extract_vllm import VLLMEngineConfig, VLLMFeatureClient, extract_vllm, seq_len_for
+    from eagle_assets.hidden_states.extract_vllm import VLLMEngineConfig, VLLMFeatureClient, extract_vllm
     from eagle_assets.hidden_states.layers import resolve_aux_layers
+    from resources.serving.vllm_engine import seq_len_for
 
     config = VLLMEngineConfig(
         model_path=str(model_dir),

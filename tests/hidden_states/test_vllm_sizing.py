@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from eagle_assets.hidden_states.extract_vllm import cpu_engine_environment, seq_len_for
+from resources.serving.vllm_engine import cpu_engine_environment, seq_len_for
 
 
 def test_the_engine_has_room_for_the_longest_row_and_the_token_it_generates():

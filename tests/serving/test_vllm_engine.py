@@ -15,8 +15,14 @@ import torch
 
 from eagle_assets.draft.export import export_draft
 from eagle_assets.draft.speculative import evaluate_acceptance
-from eagle_assets.hidden_states.extract_vllm import cpu_engine_environment
-from resources.serving.vllm_engine import core_in_process, engine_kwargs, run_prompts, start_engine, stop_engine
+from resources.serving.vllm_engine import (
+    core_in_process,
+    cpu_engine_environment,
+    engine_kwargs,
+    run_prompts,
+    start_engine,
+    stop_engine,
+)
 from tests.draft.helpers import TINY_VOCAB, draft_for, generate_greedy, tiny_llama, trained_draft
 from tests.vllm_engines import require_vllm
 
