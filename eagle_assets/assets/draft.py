@@ -32,6 +32,7 @@ from eagle_assets.draft.run_config import (
     VocabSpec,
 )
 from eagle_assets.durable_files import publishing_directory
+from eagle_assets.errors import ConfigError
 from eagle_assets.k8s_placement import gpu_step_tags
 from eagle_assets.keys import BENCHMARK_KEY, DRAFT_GROUP, DRAFT_KEY, DRAFT_TAGS, GPU_POOL, HIDDEN_STATES_KEY
 from eagle_assets.layout import draft_runs_dir, hidden_states_root, latest_export_dir
@@ -152,6 +153,21 @@ def training_command(config_path: Path, nproc: int) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", logs, *module]
 
 
+def training_processes(nproc_per_node: int, gpus: int, features: str, backend: str) -> int:
+    """How many training processes to start (0: one per visible GPU, at least one), or why not: with online
+    features from vLLM, every torchrun rank would start an engine of its own holding the whole target at its
+    tensor-parallel size (8 engines of Kimi K2.5 on 8 GPUs that hold one), so that run trains in one process."""
+    nproc = nproc_per_node or max(1, gpus)
+    if nproc > 1 and features == "online" and backend == "vllm":
+        raise ConfigError(
+            f"features: online with the vLLM backend trains in one process, not {nproc}: each torchrun rank would "
+            "start a vLLM engine of the whole target of its own. Set nproc_per_node: 1 (the engine's "
+            "tensor_parallel_size spreads the target over the GPUs), or train offline from the hidden_states "
+            "stores under torchrun."
+        )
+    return nproc
+
+
 @dg.asset(
     key=DRAFT_KEY,
     deps=[dg.AssetDep(HIDDEN_STATES_KEY, partition_mapping=dg.AllPartitionMapping())],
@@ -170,6 +186,10 @@ def draft_model(
     pipes_subprocess_client: dg.PipesSubprocessClient,
 ) -> dg.MaterializeResult:
     online = config.features == "online"
+    import torch
+
+    with project_errors_fail():  # a refused configuration, before anything is read or started
+        nproc = training_processes(config.nproc_per_node, torch.cuda.device_count(), config.features, target.backend)
     inputs = online_inputs(context, target) if online else offline_inputs(context)
     out = draft_runs_dir() / run_identity(target.model_id(), inputs.shards, config)
     out.mkdir(parents=True, exist_ok=True)
@@ -177,9 +197,6 @@ def draft_model(
     if online:  # the corpus's token rows; the target computes their features as the draft trains
         cfg, inputs = with_online_data(cfg, inputs, target, out, config.max_length, config.online_prefetch)
     (out / "run.json").write_text(cfg.model_dump_json(indent=2))
-    import torch
-
-    nproc = config.nproc_per_node or max(1, torch.cuda.device_count())
     context.log.info(
         f"training ({config.features} features) in {out} on {nproc} process(es): {inputs.samples} samples, "
         f"{inputs.tokens} tokens"

@@ -9,9 +9,11 @@ from pathlib import Path
 
 import dagster as dg
 import polars as pl
+import pytest
 import torch
 
-from eagle_assets.assets.draft import TINY_TARGET_TRAIN_CONFIG, draft_model, training_run_config
+from eagle_assets.assets.draft import TINY_TARGET_TRAIN_CONFIG, draft_model, training_processes, training_run_config
+from eagle_assets.errors import ConfigError
 from eagle_assets.keys import CORPUS_KEY, CORPUS_SHARDS_NAME
 from eagle_assets.layout import hidden_states_root, shard_file
 from resources.target.resource import TargetModelResource
@@ -81,3 +83,25 @@ def test_the_sensor_launches_online_training_on_the_corpus_and_no_store_is_writt
         assert dg.materialize([standin_corpus], instance=instance, resources=res).success
         again = sensor(ctx)
         assert isinstance(again, dg.SensorResult) and again.run_requests[0].run_key != first.run_requests[0].run_key
+
+
+def test_online_vllm_features_under_torchrun_are_refused_before_anything_starts(tmp_path, forge_home):
+    """Each rank would start a vLLM engine of the whole target: refused by name, one process or offline allowed."""
+    assert training_processes(0, 0, "online", "vllm") == 1 and training_processes(1, 8, "online", "vllm") == 1
+    assert training_processes(0, 8, "offline", "vllm") == 8 and training_processes(2, 0, "online", "hf") == 2
+    with pytest.raises(ConfigError, match="nproc_per_node: 1"):
+        training_processes(0, 8, "online", "vllm")
+    with dg.instance_for_test() as instance:
+        res = {"target": TargetModelResource(backend="vllm"), "pipes_subprocess_client": training_pipes_client()}
+        assert dg.materialize([standin_corpus], instance=instance, resources=res).success
+        r = dg.materialize(
+            [draft_model],
+            instance=instance,
+            resources=res,
+            run_config={"ops": {"draft_model": {"config": {**TRAIN, "features": "online", "nproc_per_node": 2}}}},
+            raise_on_error=False,
+        )
+        assert not r.success
+        failure = next(e for e in r.all_events if e.is_step_failure)
+        assert "each torchrun rank would start a vLLM engine" in str(failure.step_failure_data.error)
+        assert not (forge_home / "draft").exists()  # no run folder, no training process
