@@ -88,7 +88,11 @@ print(json.dumps(out))
 """
 
 SHARD_SIZE = 1000
-STEPS = (("keys cold", "keys", ""), ("keys cached", "keys", ""), ("partition cold", "partition", "0000"))
+STEPS: tuple[tuple[str, str, str], ...] = (
+    ("keys cold", "keys", ""),
+    ("keys cached", "keys", ""),
+    ("partition cold", "partition", "0000"),
+)
 STEPS += (("partition cached", "partition", "0001"),)
 
 

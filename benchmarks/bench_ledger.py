@@ -186,12 +186,12 @@ def main() -> None:
         if not a.skip_engine:
             print(f"\nengine: {a.engine_n:,} requests at {a.concurrency} in flight, {a.latency:g} s latency:")
             for backend in ("sqlite", "postgresql"):
-                loc = None if backend == "sqlite" else pg.create_database()
-                r = run_engine(loc, a.engine_n, a.concurrency, a.latency, pg if loc else None)
+                url = None if backend == "sqlite" else pg.create_database()
+                r = run_engine(url, a.engine_n, a.concurrency, a.latency, pg if url else None)
                 out[f"engine/{backend}"] = r
                 print(
                     f"  {backend:>10}: {r['cpu_ms_per_req']:.3f} ms client CPU/request"
-                    + (f" + {r['server_cpu_ms_per_req']:.3f} ms server" if loc else "")
+                    + (f" + {r['server_cpu_ms_per_req']:.3f} ms server" if url else "")
                     + f", {r['n'] / r['wall_s']:,.0f} req/s"
                 )
             s, p = out["engine/sqlite"], out["engine/postgresql"]

@@ -193,9 +193,12 @@ def response_text(r: dict[str, Any]) -> str:
 
 
 def baseline(tok: KimiTokenizer, records: list[dict[str, Any]]) -> list[list[int]]:
+    template = tok.chat_template
+    if template is None:
+        raise SystemExit("the bundled Kimi tokenizer has no chat template: nothing to render the baseline with")
     out = []
     for r in records:
-        prompt = render_kimi_chat(tok.chat_template, r["messages"], r["tools"], add_generation_prompt=True)
+        prompt = render_kimi_chat(template, r["messages"], r["tools"], add_generation_prompt=True)
         out.append(tok.encode_with_special(prompt + response_text(r)))
     return out
 

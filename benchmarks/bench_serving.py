@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -108,6 +109,7 @@ def main() -> None:
             with ServerProcess(
                 engine, engine_command(engine, launch, None, None), launch.base_url, work / f"{engine}-bare.log"
             ).start(60, 0.2):
+                payloads: list[dict[str, Any]]
                 if engine == "sglang":
                     payloads = [
                         {"input_ids": c.prompt_ids, "sampling_params": {"max_new_tokens": args.max_new_tokens}}

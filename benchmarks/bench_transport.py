@@ -34,9 +34,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-PAYLOAD = {
+MAX_TOKENS = 64
+PAYLOAD: dict[str, Any] = {
     "model": "moonshotai/kimi-k2.5",
-    "max_tokens": 64,
+    "max_tokens": MAX_TOKENS,
     "messages": [{"role": "user", "content": "benchmark prompt"}],
 }
 
@@ -97,10 +98,10 @@ async def run_httpx(url: str, n: int, c: int, transport: str = "native") -> int:
 
 
 async def run_openai(url: str, n: int, c: int) -> int:
-    import httpx
+    import httpx2  # the openai client's HTTP library (openai 2 builds on httpx2, not httpx)
     from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 
-    http = DefaultAsyncHttpxClient(limits=httpx.Limits(max_connections=c, max_keepalive_connections=c))
+    http = DefaultAsyncHttpxClient(limits=httpx2.Limits(max_connections=c, max_keepalive_connections=c))
     client = AsyncOpenAI(base_url=url, api_key="sk-bench", max_retries=0, http_client=http, timeout=600.0)
 
     async def send(p: dict[str, Any]) -> bool:
@@ -131,7 +132,7 @@ async def run_engine(url: str, n: int, c: int, stream: bool = False) -> int:
     ledger = BudgetLedger(os.environ.get("EAGLE_FORGE_DATABASE_URL") or tmp / "ledger.sqlite")  # bench_ledger
     settings = GenerationSettings(
         model="moonshotai/kimi-k2.5",
-        max_tokens=PAYLOAD["max_tokens"],
+        max_tokens=MAX_TOKENS,
         budget_usd=10**6,
         max_in_flight=c,
         progress_interval_s=3600,

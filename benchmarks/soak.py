@@ -157,7 +157,7 @@ def run_soak(cfg: SoakConfig, work: Path, log=print) -> dict[str, Any]:
             latency=LatencyConfig.lognormal(cfg.latency_median_s, 0.5, max_s=max(5.0, 4 * cfg.latency_median_s)),
             credits=10_000.0,
             seed=cfg.seed,
-            faults=FaultConfig(**cfg.faults),
+            faults=FaultConfig.from_mapping(cfg.faults),
             state_file=work / "sim-state.json",
             mean_completion_tokens=120,
             tokenizer_dir=resolve_tokenizer_dir(),
@@ -218,20 +218,20 @@ def run_soak(cfg: SoakConfig, work: Path, log=print) -> dict[str, Any]:
             if proc.poll() not in (None, 0):
                 tail = (work / "generated_SOAK.log").read_text(errors="replace")[-3000:]
                 raise RuntimeError(f"the materialization failed before the kill point:\n{tail}")
-            before = _abandoned(sim)
+            pre = _abandoned(sim)  # abandoned requests billed before this kill
             in_flight = sim.stats(0)["in_flight"]
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             time.sleep(1.5)  # let the simulator notice the dropped connections and bill them
             records = scan(journal).records
-            ids = {r["prompt_id"] for r in records}
-            lost += len(seen_ids - ids)
-            seen_ids |= ids
+            at_kill = {r["prompt_id"] for r in records}
+            lost += len(seen_ids - at_kill)
+            seen_ids |= at_kill
             kills.append(
-                {"at_records": len(ids), "in_flight_at_kill": in_flight, "billed_abandoned": _abandoned(sim) - before}
+                {"at_records": len(at_kill), "in_flight_at_kill": in_flight, "billed_abandoned": _abandoned(sim) - pre}
             )
-            log(f"kill {len(kills)}: {len(ids)} records journaled, {in_flight} in flight at the simulator")
+            log(f"kill {len(kills)}: {len(at_kill)} records journaled, {in_flight} in flight at the simulator")
         for _ in range(3):  # a final life; a life ending on exhausted retries is simply rerun
             proc = materialize("generated/SOAK")
             proc.wait(timeout=max(60.0, cfg.time_limit_s - (time.monotonic() - start)))

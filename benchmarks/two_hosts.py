@@ -210,11 +210,12 @@ class Cluster:
         import psycopg
 
         with psycopg.connect(self.ledger_url) as conn:
-            (n,) = conn.execute("SELECT COUNT(*) FROM owners WHERE host = %s", (host,)).fetchone()
-            (s,) = conn.execute(
+            owners = conn.execute("SELECT COUNT(*) FROM owners WHERE host = %s", (host,)).fetchone()
+            slots = conn.execute(
                 "SELECT COUNT(*) FROM slots WHERE owner IN (SELECT owner FROM owners WHERE host = %s)", (host,)
             ).fetchone()
-        return int(n) + int(s)
+        assert owners is not None and slots is not None  # COUNT(*) always answers one row
+        return int(owners[0]) + int(slots[0])
 
     def orphan_prompts(self, datasets: list[str]) -> list[str]:
         """Reservations charged as orphans: what a dead owner had reserved and not settled (sent, or answered

@@ -17,7 +17,7 @@ unset PYTHONDONTWRITEBYTECODE
 warm=$!
 ruff check .
 ruff format --check .  # one formatting, so diffs show changes and not style
-mypy  # the packages configured in pyproject.toml ([tool.mypy])
+mypy  # the files configured in pyproject.toml ([tool.mypy]): the product, the benchmarks, the runbook
 wait "$warm" || true
 # On pytest-xdist workers: much of the suite waits on subprocesses, servers and sockets, so 3 workers beat the
 # 2 cores they share (tests/conftest.py groups module-shared fixtures and deals slow tests first). Measured here,

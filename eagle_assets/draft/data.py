@@ -11,7 +11,7 @@ one process with a ``world_size``-times larger batch sees the same global batche
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -100,6 +100,9 @@ class TokenDataset:
     def __getitem__(self, i: int) -> Row:
         return self.rows[i]
 
+    def __iter__(self) -> Iterator[Row]:
+        return iter(self.rows)
+
 
 class SyntheticDataset:
     """Seeded in-memory rows whose target is learnable: tokens follow a sparse random Markov chain, features are
@@ -144,6 +147,9 @@ class SyntheticDataset:
 
     def __getitem__(self, i: int) -> Row:
         return self.rows[i]
+
+    def __iter__(self) -> Iterator[Row]:
+        return iter(self.rows)
 
     def target_head(self) -> nn.Module:
         head = nn.Linear(self.hidden_size, self.vocab_size, bias=False)

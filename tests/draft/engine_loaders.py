@@ -486,7 +486,7 @@ def project_state_dict(load: EngineLoad, target_embedding: torch.Tensor | None =
 
 
 @torch.no_grad()
-def capture_layer_inputs(model: torch.nn.Module, input_ids: torch.Tensor, layers: Sequence[int]) -> torch.Tensor:
+def capture_layer_inputs(model: Any, input_ids: torch.Tensor, layers: Sequence[int]) -> torch.Tensor:
     """What both engines hand the draft: the residual stream at the *input* of each decoder layer, concatenated.
 
     SGLang appends ``hidden_states + residual`` before running layer ``i`` for ``i`` in ``layers_to_capture``;

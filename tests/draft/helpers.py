@@ -58,11 +58,13 @@ def tiny_llama(
 def draft_for(target: LlamaForCausalLM, draft_vocab: int = 256, seed: int = 0, **overrides) -> Eagle3Draft:
     cfg = Eagle3Config.from_target(target.config, draft_vocab, TINY_AUX, **overrides)
     torch.manual_seed(seed)
-    return Eagle3Draft(cfg, target.get_input_embeddings().weight.detach().clone())
+    weight = target.get_input_embeddings().weight
+    assert isinstance(weight, torch.Tensor)  # a Parameter; a Module's attributes are typed Tensor | Module
+    return Eagle3Draft(cfg, weight.detach().clone())
 
 
-def small_config(**overrides) -> Eagle3Config:
-    values = dict(
+def small_config(**overrides: Any) -> Eagle3Config:
+    values: dict[str, Any] = dict(
         hidden_size=32,
         intermediate_size=64,
         num_heads=4,
@@ -77,7 +79,7 @@ def small_config(**overrides) -> Eagle3Config:
 
 
 @torch.no_grad()
-def batch_greedy(model: LlamaForCausalLM, prompts: torch.Tensor, new_tokens: int) -> torch.Tensor:
+def batch_greedy(model: Any, prompts: torch.Tensor, new_tokens: int) -> torch.Tensor:
     """Greedy continuation of equal-length prompts in one batch (no EOS): [B, P + new_tokens]."""
     out = model.generate(
         prompts,
