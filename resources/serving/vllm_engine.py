@@ -13,6 +13,7 @@ too.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
@@ -126,6 +127,18 @@ def _temporary_folder(path: str | None) -> Iterator[None]:
         tempfile.tempdir = saved
 
 
+# vLLM's ``LLM()`` warms its chat template up by rendering one, even with ``skip_tokenizer_init`` (every engine
+# here: ids go in), where there is no tokenizer to render with: a warning and a traceback at every engine start
+# that say nothing about the engine. Only that one is dropped; any other warm-up failure is still logged.
+WARMUP_LOGGER = "vllm.renderers.base"
+
+
+class TokenizerlessWarmup(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return not (record.getMessage() == "Chat template warmup failed" and "skip_tokenizer_init" in str(error))
+
+
 def start_engine(kwargs: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Any:
     """A ``vllm.LLM``: the one place every engine of the project starts (extraction, online features, the served
     draft). ``env`` (a CPU engine's settings) is set while it starts, as its processes inherit it.
@@ -147,6 +160,8 @@ def start_engine(kwargs: Mapping[str, Any], env: Mapping[str, str] | None = None
     # A core started in this process froze vLLM's view of the environment (envs.enable_envs_cache): thaw it, or
     # this engine would start with the last one's settings (its thread binding, its KV cache size).
     envs.disable_envs_cache()
+    quiet = TokenizerlessWarmup()
+    logging.getLogger(WARMUP_LOGGER).addFilter(quiet)
     try:
         with _environment(settings), _temporary_folder(ipc):
             engine: Any = LLM(**kwargs)
@@ -154,6 +169,8 @@ def start_engine(kwargs: Mapping[str, Any], env: Mapping[str, str] | None = None
         if ipc is not None:
             shutil.rmtree(ipc, ignore_errors=True)
         raise
+    finally:
+        logging.getLogger(WARMUP_LOGGER).removeFilter(quiet)
     if ipc is not None:
         # Removed by stop_engine, or when the engine is collected or the interpreter exits, whichever comes first.
         engine._eagle_forge_ipc = weakref.finalize(engine, shutil.rmtree, ipc, ignore_errors=True)

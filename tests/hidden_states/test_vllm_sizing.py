@@ -6,11 +6,12 @@ default KV cache got a tensor-parallel worker OOM-killed, and at tp > 1 vLLM nam
 host's network address.
 """
 
+import logging
 import os
 
 import pytest
 
-from resources.serving.vllm_engine import cpu_engine_environment, seq_len_for
+from resources.serving.vllm_engine import TokenizerlessWarmup, cpu_engine_environment, seq_len_for
 
 
 def test_the_engine_has_room_for_the_longest_row_and_the_token_it_generates():
@@ -44,3 +45,20 @@ def test_more_ranks_than_cores_is_refused_by_name():
 
     with pytest.raises(ConfigError, match="tensor_parallel_size 4096 needs as many cores"):
         cpu_engine_environment(4096, {})
+
+
+def _warmup_record(error: Exception, message: str = "Chat template warmup failed") -> logging.LogRecord:
+    try:
+        raise error
+    except Exception as exc:
+        info = (type(exc), exc, exc.__traceback__)
+    return logging.LogRecord("vllm.renderers.base", logging.WARNING, "base.py", 380, message, (), info)
+
+
+def test_only_the_warmup_that_has_no_tokenizer_is_kept_out_of_the_engines_log():
+    """vLLM's own words when ``skip_tokenizer_init`` leaves its chat-template warm-up nothing to render with."""
+    quiet = TokenizerlessWarmup()
+    assert not quiet.filter(_warmup_record(ValueError("Tokenizer not available when `skip_tokenizer_init=True`")))
+    assert quiet.filter(_warmup_record(RuntimeError("template syntax error")))  # any other failure is logged
+    assert quiet.filter(_warmup_record(ValueError("skip_tokenizer_init"), message="Something else failed"))
+    assert quiet.filter(logging.LogRecord("vllm", logging.INFO, "x.py", 1, "Chat template warmup failed", (), None))
