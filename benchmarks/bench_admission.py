@@ -90,12 +90,8 @@ def monitor(sim: SimulatorProcess, phase: Phase, stop: threading.Event) -> None:
         stop.wait(SAMPLE_S)
 
 
-def run_phase(
-    phase: Phase, a: argparse.Namespace, scaled: dict[str, Any], work: Path, database_url: str = ""
-) -> dict[str, Any]:
-    """``database_url``: the ledger in that database (EAGLE_FORGE_DATABASE_URL), else in the home's SQLite file."""
-    home, dagster_home = work / "home", work / "dagster_home"
-    dagster_home.mkdir(parents=True)
+def write_datasets(phase: Phase, work: Path) -> None:
+    """The phase's prompt files and the ``datasets.yaml`` naming them (the seed dataset first, when it has one)."""
     lines = ["datasets:"]
     if phase.seed_prompts:
         write_prompts(work / "SEED.jsonl", phase.seed_prompts, "SEED")
@@ -105,6 +101,15 @@ def run_phase(
         spec = f"path: {work / f'{d}.jsonl'}, shard_size: {phase.prompts}, output_token_budget: {phase.token_budget}"
         lines.append(f"  {d}: {{{spec}}}")
     (work / "datasets.yaml").write_text("\n".join(lines) + "\n")
+
+
+def run_phase(
+    phase: Phase, a: argparse.Namespace, scaled: dict[str, Any], work: Path, database_url: str = ""
+) -> dict[str, Any]:
+    """``database_url``: the ledger in that database (EAGLE_FORGE_DATABASE_URL), else in the home's SQLite file."""
+    home, dagster_home = work / "home", work / "dagster_home"
+    dagster_home.mkdir(parents=True)
+    write_datasets(phase, work)
     sim = spawn_simulator_process(
         SimulatorConfig(
             latency=LatencyConfig.fixed(a.latency),
