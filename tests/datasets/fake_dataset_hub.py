@@ -24,6 +24,7 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
 
@@ -77,28 +78,56 @@ def _byte_range(header: str | None, size: int) -> tuple[int, int] | None:
     return int(m.group(1)), end
 
 
+def _not_found(code: str, message: str) -> web.Response:
+    """A 404 as the Hub answers it: the error in the body, its kind in ``X-Error-Code`` (what huggingface_hub reads)."""
+    return web.json_response({"error": message}, status=404, headers={"X-Error-Code": code})
+
+
+def _revision_info(repo: FakeDatasetRepo, sha: str) -> dict[str, Any]:
+    """The Hub's ``/revision/{rev}`` body for one commit: the fields huggingface_hub reads, files as siblings."""
+    return {
+        "_id": "0" * 24,
+        "id": repo.repo_id,
+        "author": repo.repo_id.split("/")[0],
+        "sha": sha,
+        "private": False,
+        "gated": False,
+        "disabled": False,
+        "downloads": 0,
+        "likes": 0,
+        "tags": [],
+        "siblings": [{"rfilename": p} for p in sorted(repo.commits[sha])],
+        "lastModified": "2026-01-01T00:00:00.000Z",
+    }
+
+
+def _tree_listing(files: dict[str, bytes], prefix: str, recursive: bool) -> list[dict[str, Any]]:
+    """The Hub's ``/tree/{rev}/{path}`` listing: the folders and files under ``prefix``, one level or all."""
+    out: list[dict[str, Any]] = []
+    folders: set[str] = set()
+    for path in sorted(files):
+        if prefix and not path.startswith(prefix + "/"):
+            continue
+        rest = path[len(prefix) + 1 :] if prefix else path
+        parts = rest.split("/")
+        for depth in range(1, len(parts)):
+            folder = "/".join(([prefix] if prefix else []) + parts[:depth])
+            if folder not in folders and (recursive or depth == 1):
+                folders.add(folder)
+                out.append({"type": "directory", "oid": "0" * 40, "size": 0, "path": folder})
+        if recursive or len(parts) == 1:
+            out.append(_entry(path, files[path]))
+    return out
+
+
 def build_app(repos: dict[str, FakeDatasetRepo], requests: list[str]) -> web.Application:
     def lookup(request: web.Request) -> tuple[FakeDatasetRepo | None, str | None, web.Response | None]:
         repo = repos.get(f"{request.match_info['owner']}/{request.match_info['name']}")
         if repo is None:
-            return (
-                None,
-                None,
-                web.json_response(
-                    {"error": "Repository not found"}, status=404, headers={"X-Error-Code": "RepoNotFound"}
-                ),
-            )
+            return None, None, _not_found("RepoNotFound", "Repository not found")
         sha = repo.resolve(request.match_info["revision"])
         if sha is None:
-            return (
-                repo,
-                None,
-                web.json_response(
-                    {"error": f"Invalid rev id: {request.match_info['revision']}"},
-                    status=404,
-                    headers={"X-Error-Code": "RevisionNotFound"},
-                ),
-            )
+            return repo, None, _not_found("RevisionNotFound", f"Invalid rev id: {request.match_info['revision']}")
         return repo, sha, None
 
     async def revision(request: web.Request) -> web.Response:
@@ -107,23 +136,7 @@ def build_app(repos: dict[str, FakeDatasetRepo], requests: list[str]) -> web.App
         if error is not None:
             return error
         assert repo is not None and sha is not None
-        files = repo.commits[sha]
-        return web.json_response(
-            {
-                "_id": "0" * 24,
-                "id": repo.repo_id,
-                "author": repo.repo_id.split("/")[0],
-                "sha": sha,
-                "private": False,
-                "gated": False,
-                "disabled": False,
-                "downloads": 0,
-                "likes": 0,
-                "tags": [],
-                "siblings": [{"rfilename": p} for p in sorted(files)],
-                "lastModified": "2026-01-01T00:00:00.000Z",
-            }
-        )
+        return web.json_response(_revision_info(repo, sha))
 
     async def tree(request: web.Request) -> web.Response:
         requests.append(f"{request.method} {request.path_qs}")
@@ -133,22 +146,7 @@ def build_app(repos: dict[str, FakeDatasetRepo], requests: list[str]) -> web.App
         assert repo is not None and sha is not None
         prefix = request.match_info.get("path", "").strip("/")
         recursive = request.query.get("recursive", "false").lower() == "true"
-        files = repo.commits[sha]
-        out: list[dict] = []
-        folders: set[str] = set()
-        for path in sorted(files):
-            if prefix and not path.startswith(prefix + "/"):
-                continue
-            rest = path[len(prefix) + 1 :] if prefix else path
-            parts = rest.split("/")
-            for depth in range(1, len(parts)):
-                folder = "/".join(([prefix] if prefix else []) + parts[:depth])
-                if folder not in folders and (recursive or depth == 1):
-                    folders.add(folder)
-                    out.append({"type": "directory", "oid": "0" * 40, "size": 0, "path": folder})
-            if recursive or len(parts) == 1:
-                out.append(_entry(path, files[path]))
-        return web.json_response(out)
+        return web.json_response(_tree_listing(repo.commits[sha], prefix, recursive))
 
     async def resolve(request: web.Request) -> web.StreamResponse:
         requests.append(f"{request.method} {request.path}")

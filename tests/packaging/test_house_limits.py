@@ -17,7 +17,6 @@ MAX_FUNCTION_LINES = 80
 KNOWN_LONG_FUNCTIONS = {
     ("benchmarks/soak.py", "run_soak"): 185,
     ("benchmarks/two_hosts.py", "_run_two_hosts"): 160,
-    ("tests/datasets/fake_dataset_hub.py", "build_app"): 112,
 }
 
 
