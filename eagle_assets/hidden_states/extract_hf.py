@@ -10,12 +10,9 @@ on the device before one copy to the host per batch.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
 from torch import nn

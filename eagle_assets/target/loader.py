@@ -14,12 +14,9 @@ callers rely on (``model.model``, ``model.lm_head``, ``model.config.vocab_size``
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers reads its environment
 
 import torch
 

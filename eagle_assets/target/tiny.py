@@ -23,13 +23,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers reads its environment
 
 import torch
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM

@@ -217,3 +217,18 @@ def test_benchmark_prompt_sets_load_through_this_loader(repo, hf_env, monkeypatc
         rows, where = load_hub_set(HubSet("acme/ultrachat-mini", repo.old, None, "train_sft"))
     assert [r["prompt_id"] for r in rows] == [f"old-{i}" for i in range(10)]
     assert where == f"acme/ultrachat-mini@{repo.old} (split train_sft, config default)"
+
+
+def test_loading_a_target_leaves_the_process_able_to_reach_the_hub():
+    """The target's modules load local folders with ``local_files_only``; they set nothing process-wide. They used to
+    set ``HF_HUB_OFFLINE=1`` on import, so a process that imported them before huggingface_hub (a Dagster run
+    executing a hidden-state step and a Hub dataset in one process) refused every Hub request for good."""
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
+    code = (
+        "import os, eagle_assets.target.loader, eagle_assets.target.tiny, eagle_assets.hidden_states.extract_hf\n"
+        "import huggingface_hub.constants as hub\n"
+        "print(hub.HF_HUB_OFFLINE, os.environ.get('HF_HUB_OFFLINE'))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO_ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["False", "None"]
