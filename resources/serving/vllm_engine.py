@@ -13,6 +13,7 @@ too.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import shutil
@@ -160,6 +161,10 @@ def start_engine(kwargs: Mapping[str, Any], env: Mapping[str, str] | None = None
     # A core started in this process froze vLLM's view of the environment (envs.enable_envs_cache): thaw it, or
     # this engine would start with the last one's settings (its thread binding, its KV cache size).
     envs.disable_envs_cache()
+    # An engine let go without stop_engine is shut down by its finalizer when it is collected, and an in-process
+    # core's shutdown tears down this process's tensor-parallel groups: collected in the middle of this engine's
+    # construction, it took the new engine's groups with it ("tensor model parallel group is not initialized").
+    gc.collect()
     quiet = TokenizerlessWarmup()
     logging.getLogger(WARMUP_LOGGER).addFilter(quiet)
     try:

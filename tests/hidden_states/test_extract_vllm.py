@@ -222,7 +222,8 @@ def test_a_killed_tp_worker_fails_the_extraction_and_keeps_only_whole_shards(cli
     from eagle_assets.hidden_states.extract_vllm import VLLMEngineDiedError
 
     client = clients[2]
-    workers = client.engine.llm_engine.engine_core.engine_core.model_executor.workers
+    core = client.engine.llm_engine.engine_core  # vLLM's in-process core client
+    workers = core.engine_core.model_executor.workers
     killed: list[int] = []
 
     def kill_after_first_shard(p):
@@ -242,6 +243,9 @@ def test_a_killed_tp_worker_fails_the_extraction_and_keeps_only_whole_shards(cli
             check_space=False,
         )
     assert killed and client.engine_died() is False  # the client let the dead engine go
+    # ... shut down at once, not by its finalizer whenever the collector gets to it: that shutdown tears down the
+    # process's tensor-parallel groups, and it once ran in the middle of the next module's engine start
+    assert not core._finalizer.alive
     store = HiddenStateStore(tmp_path / "s")
     assert len(store) == len(corpus[0])  # the committed shard, whole; nothing of the one in progress
     assert not list((tmp_path / "s").rglob("*.tmp-*"))  # no half-written shard left behind
