@@ -139,10 +139,8 @@ async def _settle(led: BudgetLedger, base_url: str, wait_s: float) -> Any:
         return await settle_pending(led, client.generation, wait_s, schedule, key_info=client.key_info)
 
 
-def run_soak(cfg: SoakConfig, work: Path, log=print) -> dict[str, Any]:
-    start = time.monotonic()
-    home, dh = work / "home", work / "dagster_home"
-    dh.mkdir(parents=True, exist_ok=True)
+def _write_inputs(cfg: SoakConfig, work: Path) -> None:
+    """The soak's prompts, the storm's, and the datasets file that names them."""
     _write_prompts(work / "soak.jsonl", cfg.prompts, "s")
     _write_prompts(work / "storm.jsonl", cfg.storm_prompts, "t")
     datasets = (
@@ -152,7 +150,10 @@ def run_soak(cfg: SoakConfig, work: Path, log=print) -> dict[str, Any]:
     if cfg.storm_prompts:
         datasets += f"  STORM: {{path: {work / 'storm.jsonl'}, shard_size: {cfg.storm_prompts}}}\n"
     (work / "datasets.yaml").write_text(datasets)
-    sim = spawn_simulator_process(
+
+
+def _start_simulator(cfg: SoakConfig, work: Path) -> Any:
+    return spawn_simulator_process(
         SimulatorConfig(
             latency=LatencyConfig.lognormal(cfg.latency_median_s, 0.5, max_s=max(5.0, 4 * cfg.latency_median_s)),
             credits=10_000.0,
@@ -164,45 +165,164 @@ def run_soak(cfg: SoakConfig, work: Path, log=print) -> dict[str, Any]:
             generation_404_ms=cfg.generation_window_s * 1000.0,
         )
     )
-    port = sim.base_url.split(":")[2].split("/")[0]
-    env = {
-        **os.environ,
-        "EAGLE_FORGE_HOME": str(home),
-        "EAGLE_FORGE_DATASETS": str(work / "datasets.yaml"),
-        "EAGLE_FORGE_SIM_PORT": port,
-        "EAGLE_FORGE_MAX_TOKENS": str(cfg.max_tokens),
-        "EAGLE_FORGE_MAX_IN_FLIGHT": str(cfg.concurrency),
-        "EAGLE_FORGE_REQUEST_TIMEOUT_S": str(cfg.request_timeout_s),
-        "EAGLE_FORGE_BUDGET_USD": str(cfg.budget_usd),
-        "EAGLE_FORGE_STREAM": "1" if cfg.stream else "0",
-        "DAGSTER_HOME": str(dh),
-        "PYTHONPATH": str(REPO),
-    }
 
-    def materialize(asset: str) -> subprocess.Popen:
+
+@dataclass
+class _Lives:
+    """Where one soak runs (its home, its simulator, its clock) and how a life of it starts: a
+    ``dagster asset materialize`` process group of its own, so that a SIGKILL of the group ends the whole life."""
+
+    cfg: SoakConfig
+    work: Path
+    sim: Any
+    start: float = field(default_factory=time.monotonic)
+
+    @property
+    def home(self) -> Path:
+        return self.work / "home"
+
+    def journal(self, dataset: str) -> Path:
+        return self.home / "journal" / dataset / "0000.journal"
+
+    def left_s(self) -> float:
+        return self.cfg.time_limit_s - (time.monotonic() - self.start)
+
+    def _env(self) -> dict[str, str]:
+        cfg = self.cfg
+        return {
+            **os.environ,
+            "EAGLE_FORGE_HOME": str(self.home),
+            "EAGLE_FORGE_DATASETS": str(self.work / "datasets.yaml"),
+            "EAGLE_FORGE_SIM_PORT": self.sim.base_url.split(":")[2].split("/")[0],
+            "EAGLE_FORGE_MAX_TOKENS": str(cfg.max_tokens),
+            "EAGLE_FORGE_MAX_IN_FLIGHT": str(cfg.concurrency),
+            "EAGLE_FORGE_REQUEST_TIMEOUT_S": str(cfg.request_timeout_s),
+            "EAGLE_FORGE_BUDGET_USD": str(cfg.budget_usd),
+            "EAGLE_FORGE_STREAM": "1" if cfg.stream else "0",
+            "DAGSTER_HOME": str(self.work / "dagster_home"),
+            "PYTHONPATH": str(REPO),
+        }
+
+    def materialize(self, asset: str) -> subprocess.Popen:
+        in_process = ["--config-json", '{"execution": {"config": {"in_process": {}}}}'] if self.cfg.in_process else []
+        command = ["dagster", "asset", "materialize", "-m", "eagle_assets.definitions", "--select", asset]
         return subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "dagster",
-                "asset",
-                "materialize",
-                "-m",
-                "eagle_assets.definitions",
-                "--select",
-                asset,
-                "--partition",
-                "0000",
-                *(["--config-json", '{"execution": {"config": {"in_process": {}}}}'] if cfg.in_process else []),
-            ],
-            env=env,
+            [sys.executable, "-m", *command, "--partition", "0000", *in_process],
+            env=self._env(),
             cwd=REPO,
             start_new_session=True,
             stdout=subprocess.DEVNULL,
-            stderr=open(work / f"{asset.replace('/', '_')}.log", "ab"),
+            stderr=open(self.work / f"{asset.replace('/', '_')}.log", "ab"),
         )
 
-    journal = home / "journal" / "SOAK" / "0000.journal"
+    def run_to_end(self, asset: str, tries: int = 1) -> bool:
+        """A life that is not killed; rerun up to ``tries`` times (a life may end on exhausted retries)."""
+        for _ in range(tries):
+            proc = self.materialize(asset)
+            proc.wait(timeout=max(60.0, self.left_s()))
+            if proc.returncode == 0:
+                return True
+        return False
+
+
+def _kill_once(lives: _Lives, threshold: int) -> tuple[set[str], dict[str, Any]]:
+    """A life SIGKILLed once ``threshold`` records are journaled: the ids journaled by then, and the kill's figures."""
+    journal = lives.journal("SOAK")
+    proc = lives.materialize("generated/SOAK")
+    while proc.poll() is None and _journal_lines(journal) < threshold:
+        if lives.left_s() < 0:
+            raise TimeoutError("soak exceeded its time limit")
+        time.sleep(0.25)
+    if proc.poll() not in (None, 0):
+        tail = (lives.work / "generated_SOAK.log").read_text(errors="replace")[-3000:]
+        raise RuntimeError(f"the materialization failed before the kill point:\n{tail}")
+    pre = _abandoned(lives.sim)  # abandoned requests billed before this kill
+    in_flight = lives.sim.stats(0)["in_flight"]
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    time.sleep(1.5)  # let the simulator notice the dropped connections and bill them
+    at_kill = {r["prompt_id"] for r in scan(journal).records}
+    billed = _abandoned(lives.sim) - pre
+    return at_kill, {"at_records": len(at_kill), "in_flight_at_kill": in_flight, "billed_abandoned": billed}
+
+
+def _settled_books(lives: _Lives) -> dict[str, Any]:
+    """The ledger's books before lazy settlement (what the lives charged while /generation did not know their
+    attempts) and after the next run's first settlement pass, once it does."""
+    led = BudgetLedger(lives.home / "state" / "ledger.sqlite")
+    try:
+        before = _books(led)
+        lives.sim.set_generation_window(0)  # indexed by now: the next run's first settlement pass finds them
+        tally = asyncio.run(_settle(led, lives.sim.base_url, lives.cfg.settle_wait_s))
+        after = _books(led)
+        return {
+            "before": before,
+            "after": after,
+            "tally": tally,
+            "totals": led.totals(),
+            "soak_tokens": led.totals("SOAK").tokens_spent,
+        }
+    finally:
+        led.close()
+
+
+def _storm(lives: _Lives) -> dict[str, Any]:
+    """Phase 2, a 429 storm: goodput is kept responses per second over the rate the simulator admits."""
+    cfg = lives.cfg
+    out: dict[str, Any] = {
+        "records": 0,
+        "ok": True,
+        "span_s": float("nan"),
+        "admitted_rate_per_s": cfg.storm_rate_per_s,
+        "goodput_fraction": float("nan"),
+        "steady_goodput_fraction": float("nan"),
+    }
+    if not cfg.storm_prompts:
+        return out
+    rate = cfg.storm_rate_per_s
+    lives.sim.set_faults(
+        FaultConfig(admit_rate_per_s=rate, admit_burst=rate / 10, admit_retry_after=True, retry_after_s=0.5)
+    )
+    out["ok"] = lives.run_to_end("generated/STORM")
+    recs = scan(lives.journal("STORM")).records
+    out["records"] = len(recs)
+    if recs:
+        span = max(r["at"] for r in recs) - min(r["at"] - r.get("latency_s", 0.0) for r in recs)
+        out["span_s"], out["goodput_fraction"] = span, len(recs) / span / rate
+        # Steady state: completions between the 10th and 90th percentile, without ramp-up and tail.
+        ends = sorted(r["at"] for r in recs)
+        lo, hi = ends[len(ends) // 10], ends[len(ends) * 9 // 10]
+        if hi > lo:
+            out["steady_goodput_fraction"] = (len(ends) * 9 // 10 - len(ends) // 10) / (hi - lo) / rate
+    return out
+
+
+def _settlement_figures(books: dict[str, Any]) -> dict[str, Any]:
+    before, after, tally = books["before"], books["after"], books["tally"]
+    return {
+        "charged_before_usd": before["spent_usd"],
+        "charged_after_usd": after["spent_usd"],
+        "uncertain_before": before["uncertain"],
+        "uncertain_after": after["uncertain"],
+        "resolved": tally.resolved,
+        "kill_cost_before_usd": before["orphan_usd"],
+        "kill_cost_after_usd": after["orphan_usd"],
+        "kill_cost_at_worst_case_after_usd": after["orphan_worst_case_usd"],
+        "kill_cost_headless_before_usd": before["orphan_headless_usd"],
+        "kill_cost_headless_after_usd": after["orphan_headless_usd"],
+        "key_usage_refunded_usd": tally.key_check.refunded_usd if tally.key_check else None,
+        "by_kind_after": after["by_kind"],
+    }
+
+
+def run_soak(cfg: SoakConfig, work: Path, log=print) -> dict[str, Any]:
+    """The lives (SIGKILLed at random record counts, then one run to the end), the books before and after
+    settlement, then the storm; the result is what ``broken_guarantees`` and the printout read."""
+    start = time.monotonic()
+    (work / "dagster_home").mkdir(parents=True, exist_ok=True)
+    _write_inputs(cfg, work)
+    lives = _Lives(cfg, work, _start_simulator(cfg, work), start)
     rng = random.Random(cfg.seed)
     thresholds = sorted(rng.sample(range(int(cfg.prompts * 0.05), int(cfg.prompts * 0.9)), cfg.kills))
     kills: list[dict[str, Any]] = []
@@ -210,79 +330,21 @@ def run_soak(cfg: SoakConfig, work: Path, log=print) -> dict[str, Any]:
     lost = 0
     try:
         for threshold in thresholds:
-            proc = materialize("generated/SOAK")
-            while proc.poll() is None and _journal_lines(journal) < threshold:
-                if time.monotonic() - start > cfg.time_limit_s:
-                    raise TimeoutError("soak exceeded its time limit")
-                time.sleep(0.25)
-            if proc.poll() not in (None, 0):
-                tail = (work / "generated_SOAK.log").read_text(errors="replace")[-3000:]
-                raise RuntimeError(f"the materialization failed before the kill point:\n{tail}")
-            pre = _abandoned(sim)  # abandoned requests billed before this kill
-            in_flight = sim.stats(0)["in_flight"]
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            time.sleep(1.5)  # let the simulator notice the dropped connections and bill them
-            records = scan(journal).records
-            at_kill = {r["prompt_id"] for r in records}
+            at_kill, kill = _kill_once(lives, threshold)
             lost += len(seen_ids - at_kill)
             seen_ids |= at_kill
-            kills.append(
-                {"at_records": len(at_kill), "in_flight_at_kill": in_flight, "billed_abandoned": _abandoned(sim) - pre}
-            )
-            log(f"kill {len(kills)}: {len(at_kill)} records journaled, {in_flight} in flight at the simulator")
-        for _ in range(3):  # a final life; a life ending on exhausted retries is simply rerun
-            proc = materialize("generated/SOAK")
-            proc.wait(timeout=max(60.0, cfg.time_limit_s - (time.monotonic() - start)))
-            if proc.returncode == 0:
-                break
-        final_ok = proc.returncode == 0
-        result = scan(journal)
+            kills.append(kill)
+            log(f"kill {len(kills)}: {kill['at_records']} records journaled, {kill['in_flight_at_kill']} in flight")
+        final_ok = lives.run_to_end("generated/SOAK", tries=3)
+        result = scan(lives.journal("SOAK"))
         ids = [r["prompt_id"] for r in result.records]
         lost += len(seen_ids - set(ids))
-        led = BudgetLedger(home / "state" / "ledger.sqlite")
-        try:
-            # Before lazy settlement: what the lives charged while /generation did not know their attempts.
-            before = _books(led)
-            sim.set_generation_window(0)  # indexed by now: the next run's first settlement pass finds them
-            tally = asyncio.run(_settle(led, sim.base_url, cfg.settle_wait_s))
-            after = _books(led)
-            totals, soak_tokens = led.totals(), led.totals("SOAK").tokens_spent
-        finally:
-            led.close()
-        stats = sim.stats(0)
-        soak_requests = stats["requests_received"]
-        recent = sim.stats(200)["generations"]
-        streamed_share = sum(g["streamed"] for g in recent) / max(1, len(recent))
-
-        # Phase 2: a 429 storm. Goodput = kept responses per second over the admitted rate.
-        storm_recs: list[dict[str, Any]] = []
-        storm_ok, span, goodput, steady = True, float("nan"), float("nan"), float("nan")
-        if cfg.storm_prompts:
-            sim.set_faults(
-                FaultConfig(
-                    admit_rate_per_s=cfg.storm_rate_per_s,
-                    admit_burst=cfg.storm_rate_per_s / 10,
-                    admit_retry_after=True,
-                    retry_after_s=0.5,
-                )
-            )
-            storm = materialize("generated/STORM")
-            storm.wait(timeout=max(60.0, cfg.time_limit_s - (time.monotonic() - start)))
-            storm_ok = storm.returncode == 0
-            storm_recs = scan(home / "journal" / "STORM" / "0000.journal").records
-            if storm_recs:
-                first_start = min(r["at"] - r.get("latency_s", 0.0) for r in storm_recs)
-                span = max(r["at"] for r in storm_recs) - first_start
-                goodput = len(storm_recs) / span / cfg.storm_rate_per_s
-                # Steady state: completions between the 10th and 90th percentile, without ramp-up and tail.
-                ends = sorted(r["at"] for r in storm_recs)
-                lo, hi = ends[len(ends) // 10], ends[len(ends) * 9 // 10]
-                if hi > lo:
-                    steady = (len(ends) * 9 // 10 - len(ends) // 10) / (hi - lo) / cfg.storm_rate_per_s
+        books = _settled_books(lives)
+        stats = lives.sim.stats(0)
+        recent = lives.sim.stats(200)["generations"]
+        storm = _storm(lives)
     finally:
-        sim.terminate()
+        lives.sim.terminate()
     return {
         "config": asdict(cfg),
         "final_run_ok": final_ok,
@@ -291,38 +353,18 @@ def run_soak(cfg: SoakConfig, work: Path, log=print) -> dict[str, Any]:
         "records_lost": lost + (cfg.prompts - len(set(ids))),
         "records_duplicated": len(ids) - len(set(ids)),
         "torn_bytes_dropped_last_scan": result.dropped_bytes,
-        "requests_sent_to_simulator": soak_requests,
-        "streamed_share_of_last_200": streamed_share,
-        "spent_usd": totals.usd_spent,
+        "requests_sent_to_simulator": stats["requests_received"],
+        "streamed_share_of_last_200": sum(g["streamed"] for g in recent) / max(1, len(recent)),
+        "spent_usd": books["totals"].usd_spent,
         "budget_usd": cfg.budget_usd,
         "simulator_billed_usd": stats["billed_usd"],
-        "settlement": {
-            "charged_before_usd": before["spent_usd"],
-            "charged_after_usd": after["spent_usd"],
-            "uncertain_before": before["uncertain"],
-            "uncertain_after": after["uncertain"],
-            "resolved": tally.resolved,
-            "kill_cost_before_usd": before["orphan_usd"],
-            "kill_cost_after_usd": after["orphan_usd"],
-            "kill_cost_at_worst_case_after_usd": after["orphan_worst_case_usd"],
-            "kill_cost_headless_before_usd": before["orphan_headless_usd"],
-            "kill_cost_headless_after_usd": after["orphan_headless_usd"],
-            "key_usage_refunded_usd": tally.key_check.refunded_usd if tally.key_check else None,
-            "by_kind_after": after["by_kind"],
-        },
-        "output_tokens": soak_tokens,
+        "settlement": _settlement_figures(books),
+        "output_tokens": books["soak_tokens"],
         "token_budget": cfg.token_budget,
         "kills": kills,
         "rebought_in_flight_at_kills": sum(k["billed_abandoned"] for k in kills),
-        "storm": {
-            "records": len(storm_recs),
-            "ok": storm_ok,
-            "span_s": span,
-            "admitted_rate_per_s": cfg.storm_rate_per_s,
-            "goodput_fraction": goodput,
-            "steady_goodput_fraction": steady,
-        },
-        "wall_s": time.monotonic() - start,
+        "storm": storm,
+        "wall_s": time.monotonic() - lives.start,
     }
 
 
