@@ -279,19 +279,16 @@ instance.dispose()
 """
 
 
-def _run_two_hosts(cfg: TwoHostConfig, work: Path, pg: LocalPostgres, log: Callable[[str], None]) -> dict[str, Any]:
-    start = time.monotonic()
-    say = log
-    log = lambda msg: say(f"[{time.monotonic() - start:6.1f} s] {msg}")  # noqa: E731
-    names = [f"B{i + 1}" for i in range(cfg.datasets)]
-    half = len(names) // 2
-    a_sets, b_sets = names[:half], names[half:]
+def _write_inputs(cfg: TwoHostConfig, work: Path, names: list[str]) -> None:
     lines = ["datasets:"]
     for d in names:
         write_prompts(work / f"{d}.jsonl", cfg.prompts, d)
         lines.append(f"  {d}: {{path: {work / f'{d}.jsonl'}, shard_size: {cfg.prompts}}}")
     (work / "datasets.yaml").write_text("\n".join(lines) + "\n")
-    sim = spawn_simulator_process(
+
+
+def _start_simulator(cfg: TwoHostConfig) -> SimulatorProcess:
+    return spawn_simulator_process(
         SimulatorConfig(
             latency=LatencyConfig.lognormal(cfg.latency_median_s, 0.3, max_s=4 * cfg.latency_median_s),
             mean_completion_tokens=cfg.mean_tokens,
@@ -301,143 +298,171 @@ def _run_two_hosts(cfg: TwoHostConfig, work: Path, pg: LocalPostgres, log: Calla
             backlog=8192,
         )
     )
+
+
+def _phase_one_budget(cfg: TwoHostConfig, n_datasets: int) -> float:
+    """A share of what every prompt would cost on average (the cheapest allowed endpoint's prices, the mean
+    length), so the budget binds before the prompts run out."""
+    per_answer = cfg.mean_tokens * 2.0e-6 + 20 * 0.45e-6
+    return cfg.budget_share * per_answer * cfg.prompts * n_datasets
+
+
+def _start_together(cl: Cluster, sets: dict[str, list[str]]) -> list[subprocess.Popen]:
+    """Hosts started at once, each held at its start line until all are ready (``_start_line``)."""
+    gate = cl.work / "gate"
+    gate.mkdir()
+    hosts = [cl.start_host(host, datasets, gate) for host, datasets in sets.items()]
+    while len(list(gate.glob("ready-*"))) < len(hosts):
+        for h in hosts:
+            if h.poll() is not None:
+                raise RuntimeError(f"a host ended (rc {h.returncode}) before it was ready; see its log")
+        time.sleep(0.05)
+    (gate / "go").touch()
+    return hosts
+
+
+def _wait_for_kill_point(cl: Cluster, host_b: subprocess.Popen, b_sets: list[str], start: float) -> None:
+    cfg = cl.cfg
+    target = int(cfg.kill_at * cfg.prompts * len(b_sets))
+    while journaled(cl.home, b_sets) < target:
+        if host_b.poll() is not None:
+            log_lines = (cl.work / "host-host-b.log").read_text(errors="replace").splitlines()
+            why = [ln for ln in log_lines if "budget exhausted" in ln or "stopped:" in ln][:2]
+            raise RuntimeError(f"host-b ended (rc {host_b.returncode}) before the kill point: {why}")
+        if time.monotonic() - start > cfg.time_limit_s:
+            raise TimeoutError("two-hosts run exceeded its time limit")
+        time.sleep(0.2)
+
+
+def _kill(cl: Cluster, host: subprocess.Popen, datasets: list[str]) -> dict[str, Any]:
+    """SIGKILL a host's whole tree; what was in flight then, and what its journals held."""
+    kill = {"in_flight": cl.sim.stats(0)["in_flight"], "abandoned_before": _abandoned(cl.sim)}
+    os.killpg(host.pid, signal.SIGKILL)
+    kill["at"] = time.monotonic()
+    host.wait()
+    kill["records"] = {d: len(scan(journal_path(cl.home, d)).records) for d in datasets}
+    return kill
+
+
+def _recover_leases(cl: Cluster, dead_host: str, killed_at: float) -> float | None:
+    """Seconds until the dead host holds no owner and no slot. A live process gets a dead owner's slots and
+    dollars back when it next asks (every lease/10 while it admits); the driver asks as such a process would,
+    from a pid space of its own."""
+    own_host = os.environ.get("EAGLE_FORGE_HOST_ID")
+    os.environ["EAGLE_FORGE_HOST_ID"] = "observer"
+    observer = BudgetLedger(cl.ledger_url, lease_s=cl.cfg.lease_s)
+    try:
+        while time.monotonic() - killed_at < 10 * cl.cfg.lease_s + 60:
+            observer.recover_dead_owners()
+            if cl.owners_of(dead_host) == 0:
+                return time.monotonic() - killed_at
+            time.sleep(0.05)
+        return None
+    finally:
+        observer.close()
+        if own_host is None:  # the driver may be a test's process: leave its host as it was
+            os.environ.pop("EAGLE_FORGE_HOST_ID", None)
+        else:
+            os.environ["EAGLE_FORGE_HOST_ID"] = own_host
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def _run_two_hosts(cfg: TwoHostConfig, work: Path, pg: LocalPostgres, log: Callable[[str], None]) -> dict[str, Any]:
+    start = time.monotonic()
+    say = log
+    log = lambda msg: say(f"[{time.monotonic() - start:6.1f} s] {msg}")  # noqa: E731
+    names = [f"B{i + 1}" for i in range(cfg.datasets)]
+    a_sets, b_sets = names[: len(names) // 2], names[len(names) // 2 :]
+    _write_inputs(cfg, work, names)
+    sim = _start_simulator(cfg)
     samples, stop = Samples(), threading.Event()
     watcher = threading.Thread(target=_monitor, args=(sim, samples, stop), daemon=True)
     procs: list[subprocess.Popen] = []
+    run: dict[str, Any] = {}
     try:
         cl = Cluster(cfg, work, pg, sim)
-        # What one answer costs on average (the simulator's cheapest allowed price, the mean length): the
-        # phase-1 budget is a share of everything, so it binds before the prompts run out.
-        per_answer = cfg.mean_tokens * 2.0e-6 + 20 * 0.45e-6  # the cheapest allowed endpoint's prices
-        cl.budget = cfg.budget_share * per_answer * cfg.prompts * len(names)
+        cl.budget = _phase_one_budget(cfg, len(names))
         # Create the instance's tables and the pools' rows once: several processes migrating one fresh database,
         # or claiming a pool for the first time (Dagster inserts its default limit row), at once fail inside
         # Dagster with a unique violation (seen in CI: concurrency_limits_concurrency_key_key).
-        subprocess.run(
-            [sys.executable, "-c", _INIT_INSTANCE],
-            env=cl.env("init"),
-            cwd=REPO,
-            check=True,
-        )
+        subprocess.run([sys.executable, "-c", _INIT_INSTANCE], env=cl.env("init"), cwd=REPO, check=True)
         watcher.start()
         log(f"phase 1: budget ${cl.budget:.4f}; host-a {a_sets}, host-b {b_sets}; lease {cfg.lease_s:g} s")
-        gate = work / "gate"
-        gate.mkdir()
-        host_a, host_b = cl.start_host("host-a", a_sets, gate), cl.start_host("host-b", b_sets, gate)
-        procs += [host_a, host_b]
-        while len(list(gate.glob("ready-*"))) < 2:
-            for h in (host_a, host_b):
-                if h.poll() is not None:
-                    raise RuntimeError(f"a host ended (rc {h.returncode}) before it was ready; see its log")
-            time.sleep(0.05)
-        (gate / "go").touch()
-        target = int(cfg.kill_at * cfg.prompts * len(b_sets))
-        while journaled(cl.home, b_sets) < target:
-            if host_b.poll() is not None:
-                why = [
-                    ln
-                    for ln in (work / "host-host-b.log").read_text(errors="replace").splitlines()
-                    if "budget exhausted" in ln or "stopped:" in ln
-                ][:2]
-                raise RuntimeError(f"host-b ended (rc {host_b.returncode}) before the kill point: {why}")
-            if time.monotonic() - start > cfg.time_limit_s:
-                raise TimeoutError("two-hosts run exceeded its time limit")
-            time.sleep(0.2)
-        in_flight_at_kill = sim.stats(0)["in_flight"]
-        abandoned_before = _abandoned(sim)
-        os.killpg(host_b.pid, signal.SIGKILL)
-        killed_at = time.monotonic()
-        host_b.wait()
-        b_records_at_kill = {d: len(scan(journal_path(cl.home, d)).records) for d in b_sets}
-        log(f"host-b SIGKILLed with {sum(b_records_at_kill.values())} of its prompts journaled")
-        host_c = cl.start_host("host-c", b_sets)  # B's replacement pod
-        procs.append(host_c)
-        # A live process gets a dead owner's slots and dollars back when it next asks (every lease/10 while it
-        # admits); the driver asks as such a process would, from a pid space of its own.
-        own_host = os.environ.get("EAGLE_FORGE_HOST_ID")
-        os.environ["EAGLE_FORGE_HOST_ID"] = "observer"
-        observer = BudgetLedger(cl.ledger_url, lease_s=cfg.lease_s)
-        recovered_s = None
-        try:
-            while recovered_s is None and time.monotonic() - killed_at < 10 * cfg.lease_s + 60:
-                observer.recover_dead_owners()
-                if cl.owners_of("host-b") == 0:
-                    recovered_s = time.monotonic() - killed_at
-                else:
-                    time.sleep(0.05)
-        finally:
-            observer.close()
-            if own_host is None:  # the driver may be a test's process: leave its host as it was
-                os.environ.pop("EAGLE_FORGE_HOST_ID", None)
-            else:
-                os.environ["EAGLE_FORGE_HOST_ID"] = own_host
-        log(f"host-b's leases recovered {recovered_s if recovered_s is not None else float('nan'):.1f} s after")
+        procs += _start_together(cl, {"host-a": a_sets, "host-b": b_sets})
+        host_a, host_b = procs
+        _wait_for_kill_point(cl, host_b, b_sets, start)
+        kill = _kill(cl, host_b, b_sets)
+        log(f"host-b SIGKILLed with {sum(kill['records'].values())} of its prompts journaled")
+        procs.append(host_c := cl.start_host("host-c", b_sets))  # B's replacement pod
+        run["leases_recovered_s"] = recovered = _recover_leases(cl, "host-b", kill["at"])
+        log(f"host-b's leases recovered {recovered if recovered is not None else float('nan'):.1f} s after")
         rc_a, rc_c = host_a.wait(timeout=cfg.time_limit_s), host_c.wait(timeout=cfg.time_limit_s)
         time.sleep(1.0)
-        rebought_at_kill = _abandoned(sim) - abandoned_before
-        spent_1, open_1 = cl.ledger_totals()
-        billed_1 = float(sim.stats(0)["billed_usd"])
-        done_1 = journaled(cl.home, names)
+        run["abandoned_at_kill"] = _abandoned(sim) - kill["abandoned_before"]
+        run["spent_phase_1_usd"], run["in_flight_open_after_phase_1"] = cl.ledger_totals()
+        run["billed_phase_1_usd"] = float(sim.stats(0)["billed_usd"])
+        run["journaled_phase_1"] = journaled(cl.home, names)
+        spent_1 = run["spent_phase_1_usd"]
         log(f"phase 1 ended: host-a rc {rc_a}, host-c rc {rc_c}; ${spent_1:.4f} spent of ${cl.budget:.4f}")
         # Phase 2: a top-up, and one host finishes everything.
-        budget_1, cl.budget = cl.budget, cl.budget * 10
-        host_a2 = cl.start_host("host-a", names)
-        procs.append(host_a2)
+        run["budget_phase_1_usd"], cl.budget = cl.budget, cl.budget * 10
+        procs.append(host_a2 := cl.start_host("host-a", names))
         rc_a2 = host_a2.wait(timeout=max(60.0, cfg.time_limit_s - (time.monotonic() - start)))
+        run["returncodes"] = {"host-a": rc_a, "host-c": rc_c, "host-a (top-up)": rc_a2}
     finally:
         stop.set()
         if watcher.is_alive():
             watcher.join()
-        for p in procs:
-            if p.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+        _stop(procs)
         final = sim.stats(0)
         sim.terminate()
+    run.update(in_flight_at_kill=int(kill["in_flight"]), b_records_at_kill=kill["records"])
+    return _result(cl, names, b_sets, run, samples, final) | {"wall_s": time.monotonic() - start}
+
+
+def _result(
+    cl: Cluster, names: list[str], b_sets: list[str], run: dict[str, Any], samples: Samples, final: dict[str, Any]
+) -> dict[str, Any]:
+    """The figures ``report`` holds to their goals: the phases' own (``run``), then the books and journals."""
+    cfg = cl.cfg
     spent, open_end = cl.ledger_totals()
     orphans = cl.orphan_prompts(b_sets)
     per_dataset = {}
     lost = duplicated = 0
     for d in names:
-        records = scan(journal_path(cl.home, d)).records
-        ids = [r["prompt_id"] for r in records]
+        ids = [r["prompt_id"] for r in scan(journal_path(cl.home, d)).records]
         per_dataset[d] = len(set(ids))
         lost += cfg.prompts - len(set(ids))
         duplicated += len(ids) - len(set(ids))
     twice_hashes = {h for h, n in final["billed_by_hash"].items() if n > 1}
-    twice_ids = [pid for pid, h in prompt_hashes(work, names).items() if h in twice_hashes]
-    twice = len(twice_hashes)
+    twice_ids = [pid for pid, h in prompt_hashes(cl.work, names).items() if h in twice_hashes]
     return {
         "config": asdict(cfg),
-        "budget_phase_1_usd": budget_1,
-        "spent_phase_1_usd": spent_1,
-        "billed_phase_1_usd": billed_1,
-        "journaled_phase_1": done_1,
-        "in_flight_open_after_phase_1": open_1,
-        "returncodes": {"host-a": rc_a, "host-c": rc_c, "host-a (top-up)": rc_a2},
+        **run,
         "peak_in_flight": samples.peak,
         "samples": len(samples.points),
         "samples_over_cap": sum(1 for _, n in samples.points if n > cfg.concurrency),
         "simulator_peak_in_flight": int(final["peak_in_flight"]),
-        "in_flight_at_kill": int(in_flight_at_kill),
-        "abandoned_at_kill": rebought_at_kill,
         "orphaned_at_kill": len(orphans),
         "bought_twice_not_orphaned": sorted(set(twice_ids) - set(orphans)),
-        "billed_more_than_once": twice,
+        "billed_more_than_once": len(twice_hashes),
         "records_lost": lost,
         "records_duplicated": duplicated,
         "records": per_dataset,
-        "b_records_at_kill": b_records_at_kill,
-        "leases_recovered_s": recovered_s,
         "spent_usd": spent,
         "open_at_end": open_end,
         "billed_usd": float(final["billed_usd"]),
         "budget_stops": {
-            h: "budget exhausted — " in (work / f"host-{h}.log").read_text(errors="replace")
+            h: "budget exhausted — " in (cl.work / f"host-{h}.log").read_text(errors="replace")
             for h in ("host-a", "host-c")
         },
-        "wall_s": time.monotonic() - start,
     }
 
 
