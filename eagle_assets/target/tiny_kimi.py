@@ -129,6 +129,46 @@ def make_tiny_kimi_target(spec: TinyKimiSpec | None = None) -> Any:
     return finish_tiny_model(Kimi_K25ForConditionalGeneration(tiny_kimi_config(spec)), spec)
 
 
+# The release's latent widths (``kv_lora_rank`` 512, ``qk_rope_head_dim`` 64): the only ones vLLM's CPU MLA kernel
+# takes (its cache rows are 576 wide), so the tiny text target below runs in vLLM's CPU build.
+VLLM_CPU_KIMI_SPEC = TinyKimiSpec(kv_lora_rank=512, qk_rope_head_dim=64)
+
+
+def make_tiny_kimi_text_target(spec: TinyKimiSpec | None = None) -> Any:
+    """The tiny Kimi K2.5's text model alone, as a ``DeepseekV3ForCausalLM`` (float32, eval mode): what vLLM's
+    ``kimi_k25`` wraps, under the names vLLM's ``deepseek_v3`` loader reads. The whole tiny Kimi cannot load in
+    vLLM (its ``kimi_k25`` loader expects the release's checkpoint names and image processor), so this is the
+    target's architecture (MLA, the MoE's sigmoid router with its correction bias) through the real engine."""
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    spec = spec or VLLM_CPU_KIMI_SPEC
+    text = tiny_kimi_config(spec).text_config.to_dict()
+    text = {k: v for k, v in text.items() if k not in ("model_type", "architectures", "transformers_version")}
+    # The release's router; transformers' DeepseekV3 always routes so, vLLM only when the config says it.
+    text.update(topk_method="noaux_tc", scoring_func="sigmoid")
+    return finish_tiny_model(DeepseekV3ForCausalLM(DeepseekV3Config(**text)), spec)
+
+
+def build_tiny_kimi_text_target(path: str | Path, spec: TinyKimiSpec | None = None) -> Path:
+    """Save the tiny Kimi K2.5 text target to ``path`` unless a complete copy of the same spec is there."""
+    spec = spec or VLLM_CPU_KIMI_SPEC
+    return publish_tiny_model(path, _TextSpec(spec), lambda s: make_tiny_kimi_text_target(s.spec), spec.seed)
+
+
+@dataclass(frozen=True)
+class _TextSpec:
+    """A spec of the text model alone: its own fingerprint, so a folder of the whole tiny Kimi is never taken for it."""
+
+    spec: TinyKimiSpec
+
+    @property
+    def seed(self) -> int:
+        return self.spec.seed
+
+    def fingerprint(self) -> str:
+        return hashlib.sha256(json.dumps({"kimi_k25_text": asdict(self.spec)}).encode()).hexdigest()[:16]
+
+
 def build_tiny_kimi_target(path: str | Path, seed: int = 0, spec: TinyKimiSpec | None = None) -> Path:
     """Save the tiny Kimi K2.5 target to ``path`` unless a complete copy of the same spec is there (published whole)."""
     return publish_tiny_model(path, spec or TinyKimiSpec(seed=seed), make_tiny_kimi_target, seed)

@@ -11,7 +11,12 @@ import os
 
 import pytest
 
-from resources.serving.vllm_engine import TokenizerlessWarmup, cpu_engine_environment, seq_len_for
+from resources.serving.vllm_engine import (
+    TokenizerlessWarmup,
+    cpu_engine_environment,
+    seq_len_for,
+    with_cpu_native_ops,
+)
 
 
 def test_the_engine_has_room_for_the_longest_row_and_the_token_it_generates():
@@ -38,6 +43,21 @@ def test_a_cpu_engine_gets_a_small_kv_cache_loopback_and_one_core_share_per_rank
     # what the environment sets wins
     mine = {"VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_HOST_IP": "10.0.0.7", "VLLM_CPU_OMP_THREADS_BIND": "0|1"}
     assert cpu_engine_environment(2, mine) == {"VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_HOST_IP": "10.0.0.7"}
+
+
+def test_a_cpu_engine_runs_the_rotation_in_pytorch_unless_the_caller_chose():
+    """vLLM's CPU rotary kernel is wrong on MLA's 3-D queries (``test_extract_vllm_mla`` holds the real engine to it);
+    a caller's own compilation settings are kept, and an op the caller names stays as named."""
+    assert with_cpu_native_ops({"model": "m"}) == {
+        "model": "m",
+        "compilation_config": {"custom_ops": ["-rotary_embedding"]},
+    }
+    mine = {"compilation_config": {"custom_ops": ["+rms_norm"], "mode": 0}}
+    out = with_cpu_native_ops(mine)
+    assert out["compilation_config"] == {"custom_ops": ["+rms_norm", "-rotary_embedding"], "mode": 0}
+    assert mine == {"compilation_config": {"custom_ops": ["+rms_norm"], "mode": 0}}  # the caller's left as it was
+    forced = {"compilation_config": {"custom_ops": ["+rotary_embedding"]}}
+    assert with_cpu_native_ops(forced)["compilation_config"]["custom_ops"] == ["+rotary_embedding"]
 
 
 def test_more_ranks_than_cores_is_refused_by_name():
