@@ -471,7 +471,11 @@ def run_all(args: argparse.Namespace, report: Report, work: Path) -> dict[str, A
             )
         )
         check_speculative_output(fp32, trained, corpus, report)
-    if args.target.startswith("kimi"):
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:  # EAGLE_FORGE_VLLM_PACKAGE=vllm==0.32.0 bash scripts/setup.sh
+        report.log("vllm: not installed, its stages skipped")
+    elif args.target.startswith("kimi"):
         vllm_kimi_text_stage(report, summary, work)
     else:
         vllm_stages(report, summary, model_dir, work, corpus.eval_prompts, sizes.max_new_tokens, tau)
@@ -483,11 +487,6 @@ def vllm_kimi_text_stage(report: Report, summary: dict[str, Any], work: Path) ->
     wants the release's checkpoint names and image processor (docs/hidden-states.md). Its text model
     (``DeepseekV3ForCausalLM``, MLA at the release's 512 + 64 latent) does: its features against the HF backend's.
     No served draft: on CPU vLLM's MLA and the draft's attention share no KV-cache block size."""
-    import importlib.util
-
-    if importlib.util.find_spec("vllm") is None:
-        report.log("vllm: not installed, its stages skipped")
-        return
     from eagle_assets.hidden_states.extract_vllm import parity_check
     from eagle_assets.target.tiny_kimi import build_tiny_kimi_text_target
 
@@ -510,13 +509,7 @@ def parity_verdict(name: str, parity: dict[str, float]) -> Check:
 def vllm_stages(
     report: Report, summary: dict[str, Any], model_dir: Path, work: Path, prompts: Any, new: int, tau: float | None
 ) -> None:
-    """The real engine's route, where vLLM is installed (``EAGLE_FORGE_VLLM_PACKAGE=vllm==0.32.0 bash
-    scripts/setup.sh``): its features against the HF backend's, then the trained export served by it."""
-    import importlib.util
-
-    if importlib.util.find_spec("vllm") is None:
-        report.log("vllm: not installed, its stages skipped")
-        return
+    """The real engine's route: its features against the HF backend's, then the trained export served by it."""
     from eagle_assets.hidden_states.extract_vllm import parity_check
     from resources.serving.vllm_engine import served_tally
 

@@ -264,20 +264,18 @@ class VLLMFeatureClient:
         would run whenever it is collected, and an in-process core's tears down the process's tensor-parallel groups:
         those of whatever engine is running or starting by then. A failure to shut down is logged, not raised: the
         engine's death is the error the caller must see."""
-        from resources.serving.vllm_engine import stop_engine
-
-        engine, self._engine = self._engine, None
         try:
-            stop_engine(engine)
+            self.close()
         except Exception:  # the death is what the caller sees; this is only its clean-up
             _log.warning("the dead vLLM engine did not shut down cleanly", exc_info=True)
 
     def close(self) -> None:
-        if self._engine is not None:
+        """Stop the engine (the client lets it go first, so a failed stop is not retried)."""
+        engine, self._engine = self._engine, None
+        if engine is not None:
             from resources.serving.vllm_engine import stop_engine
 
-            stop_engine(self._engine)
-        self._engine = None
+            stop_engine(engine)
 
 
 def _prompt_scores(entries: Any, sample: HiddenStateSample) -> tuple[list[int | None], list[float | None]]:

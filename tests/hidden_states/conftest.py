@@ -47,3 +47,21 @@ def corpus():
 def direct_forward(model, sample):
     """The reference: one unpadded sample through the full model with output_hidden_states=True."""
     return model(torch.tensor([list(sample.input_ids)]), output_hidden_states=True)
+
+
+def relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Max |a - b| relative to b's largest magnitude."""
+    return float((a - b).abs().max() / b.abs().max())
+
+
+def assert_same_store(ours, ref, tolerance: float = 1e-5) -> None:
+    """Two hidden-state stores (folders) hold the same rows: the same samples, shapes, and features within
+    ``tolerance`` (relative); neither empty."""
+    from eagle_assets.hidden_states.store import HiddenStateStore
+
+    a_store, b_store = HiddenStateStore(ours), HiddenStateStore(ref)
+    assert len(a_store) == len(b_store) > 0
+    for a, b in zip(a_store, b_store, strict=True):
+        assert a["aux"].shape == b["aux"].shape and a["last"].shape == b["last"].shape
+        assert relative(a["aux"], b["aux"]) < tolerance
+        assert relative(a["last"], b["last"]) < tolerance

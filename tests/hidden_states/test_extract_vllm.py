@@ -18,7 +18,7 @@ from eagle_assets.hidden_states.extract_hf import extract_hf
 from eagle_assets.hidden_states.extract_vllm import VLLMEngineConfig, VLLMFeatureClient, extract_vllm
 from eagle_assets.hidden_states.layers import AuxLayers
 from eagle_assets.hidden_states.store import HiddenStateStore
-from tests.hidden_states.conftest import make_corpus
+from tests.hidden_states.conftest import assert_same_store, make_corpus, relative
 from tests.vllm_engines import require_vllm
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
@@ -69,10 +69,6 @@ def hf_store(tiny_dir, tmp_path_factory):
     return out
 
 
-def relative(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).abs().max() / b.abs().max())
-
-
 @pytest.mark.parametrize("tp", [1, 2])
 def test_vllm_store_equals_the_hf_store(tp, clients, hf_store, tiny_dir, tmp_path):
     client = clients[tp]
@@ -86,12 +82,7 @@ def test_vllm_store_equals_the_hf_store(tp, clients, hf_store, tiny_dir, tmp_pat
         check_space=False,
     )
     assert report.shards_computed == 4 and report.tokens_computed > 0
-    ours, ref = HiddenStateStore(tmp_path / "vllm"), HiddenStateStore(hf_store)
-    assert len(ours) == len(ref) > 0
-    for a, b in zip(ours, ref, strict=True):
-        assert a["aux"].shape == b["aux"].shape and a["last"].shape == b["last"].shape
-        assert relative(a["aux"], b["aux"]) < 1e-5
-        assert relative(a["last"], b["last"]) < 1e-5
+    assert_same_store(tmp_path / "vllm", hf_store)
     index = json.loads((tmp_path / "vllm" / "index.json").read_text())
     assert index["last_kind"] == "pre_norm" and index["layers"]["hf_indices"] == [2, 3, 4]
     assert index["extra"] == {"backend": "vllm", "tp_size": tp, "vllm_layer_ids": [2, 3, 4, 7]}

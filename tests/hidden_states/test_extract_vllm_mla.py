@@ -17,17 +17,12 @@ import torch
 from eagle_assets.hidden_states.extract_hf import extract_hf
 from eagle_assets.hidden_states.extract_vllm import VLLMEngineConfig, extract_vllm
 from eagle_assets.hidden_states.layers import AuxLayers
-from eagle_assets.hidden_states.store import HiddenStateStore
 from eagle_assets.target.tiny_kimi import VLLM_CPU_KIMI_SPEC, build_tiny_kimi_text_target
-from tests.hidden_states.conftest import make_corpus
+from tests.hidden_states.conftest import assert_same_store, make_corpus
 from tests.vllm_engines import require_vllm
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 require_vllm()
-
-
-def relative(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).abs().max() / b.abs().max())
 
 
 def test_the_kimi_text_model_at_tp2_gives_the_hf_store(tmp_path):
@@ -55,11 +50,6 @@ def test_the_kimi_text_model_at_tp2_gives_the_hf_store(tmp_path):
     )
     report = extract_vllm(corpus, tmp_path / "vllm", config, model_id="tiny", dtype=torch.float32, check_space=False)
     assert report.shards_computed == len(corpus) and report.tokens_computed > 0
-    ours, ref = HiddenStateStore(tmp_path / "vllm"), HiddenStateStore(tmp_path / "hf")
-    assert len(ours) == len(ref) > 0
-    for a, b in zip(ours, ref, strict=True):
-        assert a["aux"].shape == b["aux"].shape and a["last"].shape == b["last"].shape
-        assert relative(a["aux"], b["aux"]) < 1e-5
-        assert relative(a["last"], b["last"]) < 1e-5
+    assert_same_store(tmp_path / "vllm", tmp_path / "hf")
     index = json.loads((tmp_path / "vllm" / "index.json").read_text())
     assert index["last_kind"] == "pre_norm" and index["extra"]["tp_size"] == 2
